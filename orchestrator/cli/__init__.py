@@ -1,0 +1,62 @@
+"""The command line: ``python -m orchestrator COMMAND`` (also installed as ``orchestrator``).
+
+Exit codes: 0 success; 2 a user error (bad recipe, bad argument, bad config row), printed without a
+traceback; 3 a command that is not built yet.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchestrator.catalog import Catalog
+from orchestrator.cli import catalog_cmd, recipe_cmd
+from orchestrator.errors import USER_ERROR_EXIT_CODE, NotBuiltError, UserError
+
+NOT_BUILT_EXIT_CODE = 3
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the examples in epilogs as written."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m orchestrator",
+        description="Train one model on spot GPUs spread over zones, regions and clouds: validate recipes, "
+        "query the catalog, plan, simulate, submit.",
+        formatter_class=_Formatter,
+        epilog="examples:\n  python -m orchestrator validate recipes/quickstart.yaml\n"
+        "  python -m orchestrator catalog offers --gpu A100 --json\n"
+        "  python -m orchestrator submit recipes/quickstart.yaml   (not built yet)",
+    )
+    parser.add_argument(
+        "--configs",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="read the catalog from this folder instead of the packaged configs/",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    recipe_cmd.add_validate(commands, _Formatter)
+    catalog_cmd.add_parser(commands, _Formatter)
+    recipe_cmd.add_pending(commands, _Formatter)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return its exit code."""
+    args = build_parser().parse_args(argv)
+    catalog = Catalog(args.configs)
+    try:
+        return args.run(args, catalog)
+    except UserError as exc:
+        print(f"error: {exc.render()}", file=sys.stderr)
+        return USER_ERROR_EXIT_CODE
+    except NotBuiltError as exc:
+        print(str(exc), file=sys.stderr)
+        return NOT_BUILT_EXIT_CODE
+    except BrokenPipeError:  # e.g. `... | head`: the reader left; nothing to report
+        return 0

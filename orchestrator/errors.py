@@ -1,0 +1,62 @@
+"""Typed errors for mistakes a user can fix.
+
+Every user error names where the mistake is (file, line, field) and carries a "To fix:" line. The
+CLI prints ``render()`` and exits with code 2, never a traceback. Internal invariants use
+``assert`` instead; anything else that escapes is a bug.
+"""
+
+from __future__ import annotations
+
+USER_ERROR_EXIT_CODE = 2
+
+
+class UserError(Exception):
+    """A mistake in the user's input: a recipe, a plan, a config file or a command line."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        fix: str | None = None,
+        file: str | None = None,
+        line: int | None = None,
+        field: str | None = None,
+        also: tuple[UserError, ...] = (),
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.fix = fix
+        self.file = file
+        self.line = line
+        self.field = field
+        self.also = also  # further problems found in the same pass, reported after this one
+
+    def where(self) -> str:
+        """``file:line: field`` with whatever parts are known."""
+        place = ""
+        if self.file:
+            place = self.file if self.line is None else f"{self.file}:{self.line}"
+        if self.field:
+            place = f"{place}: {self.field}" if place else self.field
+        return place
+
+    def render(self) -> str:
+        """The text the CLI prints: where, what, and what to do; then any further problems."""
+        head = f"{self.where()}: {self.message}" if self.where() else self.message
+        text = head if not self.fix else f"{head}\n  To fix: {self.fix}"
+        return "\n".join([text, *(other.render() for other in self.also)])
+
+    def __str__(self) -> str:
+        return self.render()
+
+
+class RecipeError(UserError):
+    """A recipe (YAML) is malformed, has unknown keys, wrong types or impossible values."""
+
+
+class CatalogError(UserError):
+    """A file under configs/ (or one passed in its place) has a bad row or value."""
+
+
+class NotBuiltError(Exception):
+    """A command that is planned but not built yet; the CLI says so and exits with code 3."""

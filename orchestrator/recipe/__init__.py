@@ -1,0 +1,75 @@
+"""Recipes: strict YAML parsed once into frozen, typed objects (see docs/recipe.md).
+
+recipe = load_recipe("recipes/quickstart.yaml")
+recipe.training.global_batch_size
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from orchestrator.catalog import Catalog, default_catalog
+from orchestrator.errors import RecipeError
+from orchestrator.recipe.binder import Binder
+from orchestrator.recipe.checks import check_recipe
+from orchestrator.recipe.schema import (
+    CheckpointConfig,
+    ConstraintsConfig,
+    DataConfig,
+    ModelConfig,
+    ObjectiveConfig,
+    OptimizerConfig,
+    ParallelismConfig,
+    Recipe,
+    RuntimeConfig,
+    TrainingConfig,
+)
+from orchestrator.yamlsrc import YamlSyntaxError, load_yaml_text
+
+__all__ = [
+    "CheckpointConfig",
+    "ConstraintsConfig",
+    "DataConfig",
+    "ModelConfig",
+    "ObjectiveConfig",
+    "OptimizerConfig",
+    "ParallelismConfig",
+    "Recipe",
+    "RuntimeConfig",
+    "TrainingConfig",
+    "load_recipe",
+    "parse_recipe",
+]
+
+
+def load_recipe(path: str | Path, *, catalog: Catalog | None = None) -> Recipe:
+    """Read, bind and check the recipe at ``path``; raise RecipeError naming file, line and field."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError(
+            "file not found",
+            file=str(path),
+            fix="give the path of a recipe .yaml, e.g. recipes/quickstart.yaml",
+        )
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError(
+            f"cannot read the file: {exc}", file=str(path), fix="give a UTF-8 text file"
+        ) from None
+    return parse_recipe(text, file=str(path), folder=path.resolve().parent, catalog=catalog)
+
+
+def parse_recipe(text: str, *, file: str, folder: Path, catalog: Catalog | None = None) -> Recipe:
+    """Parse recipe text; ``file`` is the name errors show, ``folder`` resolves relative paths."""
+    try:
+        doc = load_yaml_text(text, file=file)
+    except YamlSyntaxError as exc:
+        raise RecipeError(
+            exc.message,
+            file=file,
+            line=exc.line,
+            fix="correct the YAML: two-space indents, 'key: value', lists in [ ] or '- ' items",
+        ) from None
+    recipe = Binder(doc, Recipe).bind()
+    return check_recipe(recipe, doc, catalog or default_catalog(), folder)

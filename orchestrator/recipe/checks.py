@@ -1,0 +1,493 @@
+"""Check a bound recipe's values against each other and against the catalog.
+
+All problems are collected and reported together (the first is the main error, the rest follow), each
+with its file, line, field and fix. Returns the recipe normalized: GPU aliases resolved to catalog
+names, paths resolved against the recipe's folder, the name defaulted to the file name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+from orchestrator.catalog import PROVIDER_CLOUDS, Catalog, Location, OfferTable
+from orchestrator.errors import CatalogError, RecipeError, UserError
+from orchestrator.recipe.schema import Recipe
+from orchestrator.yamlsrc import Path_, YamlDoc, path_text
+from runtime.models.specs import BUILTIN_MODELS, ModelSpec
+
+MAX_TENSOR_PARALLEL = 16
+MAX_STREAMS = 256
+_S3_URL = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
+_DATA_BY_FAMILY = {"gpt": ("builtin-text", "shards"), "cnn": ("synthetic-images", "shards")}
+
+
+class Checker:
+    def __init__(self, recipe: Recipe, doc: YamlDoc, catalog: Catalog, folder: Path) -> None:
+        self.recipe = recipe
+        self.doc = doc
+        self.catalog = catalog
+        self.folder = folder
+        self.errors: list[RecipeError] = []
+
+    def error(self, path: Path_, message: str, fix: str) -> None:
+        self.errors.append(
+            RecipeError(
+                message,
+                file=self.doc.file,
+                line=self.doc.line(path),
+                field=path_text(path),
+                fix=fix,
+            )
+        )
+
+    def positive(self, path: Path_, value: float | None, *, allow_zero: bool = False) -> None:
+        if value is None:
+            return
+        if value < 0 or (value == 0 and not allow_zero):
+            self.error(
+                path,
+                f"must be {'>= 0' if allow_zero else '> 0'}, got {value:g}",
+                f"write a {'non-negative' if allow_zero else 'positive'} number",
+            )
+
+
+def check_recipe(recipe: Recipe, doc: YamlDoc, catalog: Catalog, folder: Path) -> Recipe:
+    """Raise RecipeError listing every problem; return the normalized recipe."""
+    checker = Checker(recipe, doc, catalog, folder)
+    spec = _check_model(checker)
+    _check_data(checker, spec)
+    _check_training(checker)
+    _check_objective(checker)
+    gpu_types = _check_constraints(checker)
+    _check_parallelism(checker, spec)
+    _check_checkpointing(checker)
+    _check_runtime(checker)
+    if checker.errors:
+        first, *rest = checker.errors
+        raise RecipeError(
+            first.message,
+            file=first.file,
+            line=first.line,
+            field=first.field,
+            fix=first.fix,
+            also=tuple(rest),
+        )
+    return dataclasses.replace(
+        recipe,
+        name=recipe.name or Path(doc.file).stem,
+        market=_resolve(folder, recipe.market),
+        constraints=dataclasses.replace(recipe.constraints, gpu_types=gpu_types),
+        model=dataclasses.replace(
+            recipe.model, profile=_resolve_profile(folder, recipe.model.profile)
+        ),
+    )
+
+
+def _resolve(folder: Path, path: str | None) -> str | None:
+    return None if path is None else str((folder / path).resolve())
+
+
+def _resolve_profile(folder: Path, profile: str) -> str:
+    return (
+        profile if profile in ("auto", "analytic", "sailor") else str((folder / profile).resolve())
+    )
+
+
+def _check_model(c: Checker) -> ModelSpec | None:
+    model = c.recipe.model
+    spec = BUILTIN_MODELS.get(model.name)
+    if spec is None:
+        close = difflib.get_close_matches(model.name, list(BUILTIN_MODELS), n=1, cutoff=0.5)
+        c.error(
+            ("model", "name"),
+            f"unknown model '{model.name}'" + (f" (did you mean '{close[0]}'?)" if close else ""),
+            f"use a built-in model: {', '.join(BUILTIN_MODELS)}",
+        )
+        return None
+    profile = model.profile
+    if profile == "sailor" and getattr(spec, "sailor_name", None) is None:
+        with_sailor = [n for n, s in BUILTIN_MODELS.items() if getattr(s, "sailor_name", None)]
+        c.error(
+            ("model", "profile"),
+            f"SAILOR published no profile of {model.name}",
+            f"use profile: analytic, or a model SAILOR profiled: {', '.join(with_sailor)}",
+        )
+    elif profile not in ("auto", "analytic", "sailor"):
+        path = c.folder / profile
+        if not profile.endswith(".json"):
+            c.error(
+                ("model", "profile"),
+                f"'{profile}' is not auto, analytic, sailor or a .json file",
+                "write auto, analytic, sailor, or the path of a profile written by `orchestrator profile`",
+            )
+        elif not path.is_file():
+            c.error(
+                ("model", "profile"),
+                f"profile file '{path}' does not exist",
+                "check the path (relative to the recipe's folder) or use profile: auto",
+            )
+    return spec
+
+
+def _check_data(c: Checker, spec: ModelSpec | None) -> None:
+    data = c.recipe.data
+    if (
+        spec is not None
+        and data.source != "auto"
+        and data.source not in _DATA_BY_FAMILY[spec.family]
+    ):
+        allowed = " or ".join(("auto",) + _DATA_BY_FAMILY[spec.family])
+        c.error(
+            ("data", "source"),
+            f"{spec.name} is a {spec.family.upper()} model; it cannot train on {data.source}",
+            f"write source: {allowed}",
+        )
+    if data.source == "shards" and not data.path:
+        c.error(
+            ("data",),
+            "source shards needs a path",
+            "add path: a folder or s3://bucket/prefix of .tar shards",
+        )
+    if data.path and data.source != "shards":
+        c.error(
+            ("data", "path"),
+            "path is only read when source is shards",
+            "remove path, or write source: shards",
+        )
+    if (
+        data.source == "shards"
+        and data.path
+        and not data.path.startswith("s3://")
+        and not (c.folder / data.path).is_dir()
+    ):
+        c.error(
+            ("data", "path"),
+            f"folder '{c.folder / data.path}' does not exist",
+            "give an existing folder of .tar shards, or s3://bucket/prefix",
+        )
+
+
+def _check_training(c: Checker) -> None:
+    t = c.recipe.training
+    if t.global_batch_size < 1:
+        c.error(
+            ("training", "global_batch_size"),
+            f"must be >= 1, got {t.global_batch_size}",
+            "write a positive whole number",
+        )
+    if t.steps < 1:
+        c.error(
+            ("training", "steps"),
+            f"must be >= 1, got {t.steps}",
+            "write a positive whole number of steps",
+        )
+    if t.seed < 0:
+        c.error(
+            ("training", "seed"), f"must be >= 0, got {t.seed}", "write a non-negative whole number"
+        )
+    _check_microbatches(c)
+    o = t.optimizer
+    c.positive(("training", "optimizer", "lr"), o.lr)
+    c.positive(("training", "optimizer", "weight_decay"), o.weight_decay, allow_zero=True)
+    c.positive(("training", "optimizer", "grad_clip_norm"), o.grad_clip_norm)
+    if o.momentum and o.name != "sgd":
+        c.error(
+            ("training", "optimizer", "momentum"),
+            f"momentum applies to sgd, not {o.name}",
+            "remove momentum, or write name: sgd",
+        )
+    if not 0 <= o.momentum < 1:
+        c.error(
+            ("training", "optimizer", "momentum"),
+            f"must be in [0, 1), got {o.momentum:g}",
+            "write e.g. 0.9",
+        )
+
+
+def _check_microbatches(c: Checker) -> None:
+    t = c.recipe.training
+    path = ("training", "microbatch_sizes")
+    if not t.microbatch_sizes:
+        c.error(path, "the list is empty", "give at least one microbatch size, e.g. [1, 2, 4]")
+    seen: set[int] = set()
+    for index, size in enumerate(t.microbatch_sizes):
+        if size < 1:
+            c.error(path + (index,), f"must be >= 1, got {size}", "write positive whole numbers")
+        elif size in seen:
+            c.error(path + (index,), f"{size} is listed twice", "list each microbatch size once")
+        elif t.global_batch_size >= 1 and t.global_batch_size % size:
+            divisors = [
+                d for d in range(1, t.global_batch_size + 1) if t.global_batch_size % d == 0
+            ][:10]
+            c.error(
+                path + (index,),
+                f"global_batch_size {t.global_batch_size} is not divisible by microbatch size {size}",
+                f"use sizes that divide {t.global_batch_size}: {', '.join(map(str, divisors))}"
+                f"{', ...' if len(divisors) == 10 else ''}",
+            )
+        seen.add(size)
+
+
+def _check_objective(c: Checker) -> None:
+    o = c.recipe.objective
+    path = ("objective",)
+    for name in ("budget_usd_per_hour", "min_throughput_samples_per_s", "deadline_h", "budget_usd"):
+        c.positive(path + (name,), getattr(o, name))
+    if o.goal == "max_throughput":
+        for name in ("min_throughput_samples_per_s", "deadline_h"):
+            if getattr(o, name) is not None:
+                c.error(
+                    path + (name,),
+                    f"{name} applies to goal min_cost, not max_throughput",
+                    f"remove {name}, or write goal: min_cost",
+                )
+    else:
+        if o.budget_usd_per_hour is not None:
+            c.error(
+                path + ("budget_usd_per_hour",),
+                "budget_usd_per_hour applies to goal max_throughput, not min_cost",
+                "remove it, or write goal: max_throughput",
+            )
+        if o.min_throughput_samples_per_s is not None and o.deadline_h is not None:
+            c.error(
+                path + ("deadline_h",),
+                "give min_throughput_samples_per_s or deadline_h, not both",
+                "keep the one that matters: a deadline implies a throughput floor",
+            )
+
+
+def _check_constraints(c: Checker) -> tuple[str, ...]:
+    """Check places and GPU types; return the GPU types as catalog names."""
+    k = c.recipe.constraints
+    path = ("constraints",)
+    within = _locations(c, path + ("locations",), k.locations)
+    exclude = _locations(c, path + ("exclude_locations",), k.exclude_locations)
+    gpu_types = []
+    for index, name in enumerate(k.gpu_types):
+        spec = _catalog_call(c, path + ("gpu_types", index), lambda n=name: c.catalog.gpus.find(n))
+        if spec is None:
+            hint = c.catalog.gpus.suggest(name)
+            c.error(
+                path + ("gpu_types", index),
+                f"unknown GPU type '{name}'" + (f" (did you mean '{hint}'?)" if hint else ""),
+                f"use one of: {', '.join(c.catalog.gpus.names())}",
+            )
+        elif spec.name in gpu_types:
+            c.error(
+                path + ("gpu_types", index), f"{name} is listed twice", "list each GPU type once"
+            )
+        else:
+            gpu_types.append(spec.name)
+    if k.max_gpus is not None and k.max_gpus < 1:
+        c.error(
+            path + ("max_gpus",),
+            f"must be >= 1, got {k.max_gpus}",
+            "write a positive whole number or remove it",
+        )
+    _check_precision_support(c, gpu_types)
+    if within is not None and exclude is not None and len(gpu_types) == len(k.gpu_types):
+        _check_market(c, within, exclude, tuple(gpu_types))
+    return tuple(gpu_types)
+
+
+def _catalog_call(c: Checker, path: Path_, call: Callable):
+    try:
+        return call()
+    except CatalogError:
+        raise
+    except UserError as exc:
+        c.error(path, exc.message, exc.fix or "")
+        return None
+
+
+def _locations(c: Checker, path: Path_, texts: tuple[str, ...]) -> list[Location] | None:
+    """Parse and check locations; None if any is bad (so later checks that need them are skipped)."""
+    result: list[Location] | None = []
+    clouds = _provider_clouds(c)
+    for index, text in enumerate(texts):
+        location = _catalog_call(c, path + (index,), lambda t=text: c.catalog.location(t))
+        if location is None:
+            result = None
+            continue
+        if clouds is not None and location.cloud not in clouds:
+            provider = c.recipe.provider
+            fix = (
+                (
+                    "provider local simulates the places in configs/local/offers.csv (local/...); "
+                    "write provider: skypilot to use real clouds"
+                )
+                if provider == "local"
+                else f"provider {provider} reaches {', '.join(clouds)}; use provider: skypilot to span clouds"
+            )
+            c.error(
+                path + (index,),
+                f"'{text}' is on cloud {location.cloud}, which provider {provider} does not reach",
+                fix,
+            )
+            result = None
+        elif result is not None:
+            result.append(location)
+    return result
+
+
+def _provider_clouds(c: Checker) -> tuple[str, ...] | None:
+    return None if c.recipe.market else PROVIDER_CLOUDS[c.recipe.provider]
+
+
+def _check_precision_support(c: Checker, gpu_types: list[str]) -> None:
+    if c.recipe.training.precision != "bf16-mixed" or not gpu_types:
+        return
+    if not any(c.catalog.gpus.get(name).supports_bf16 for name in gpu_types):
+        c.error(
+            ("training", "precision"),
+            f"bf16-mixed needs bfloat16, which none of {', '.join(gpu_types)} has",
+            "write precision: fp16-mixed, or allow a GPU with bf16 (A100, H100, L4, A10G, ...)",
+        )
+
+
+def _market(c: Checker) -> OfferTable | None:
+    if c.recipe.market is None:
+        return c.catalog.market(c.recipe.provider)
+    path = c.folder / c.recipe.market
+    if not path.is_file():
+        c.error(
+            ("market",),
+            f"market file '{path}' does not exist",
+            "give the path of an offers CSV (relative to the recipe's folder), or remove market",
+        )
+        return None
+    return c.catalog.load_market(path)
+
+
+def _check_market(
+    c: Checker, within: list[Location], exclude: list[Location], gpus: tuple[str, ...]
+) -> None:
+    """Constraints must leave at least one offer; if not, say which constraint binds."""
+    market = _market(c)
+    if market is None:
+        return
+    pricing = c.recipe.constraints.pricing
+    if market.query(gpus=gpus, within=within, exclude=exclude, pricing=pricing):
+        return
+    path = ("constraints",)
+    placed = market.query(within=within, exclude=exclude)
+    if not placed:
+        regions = sorted({str(o.location.region_location()) for o in market.offers})
+        field = "locations" if within else "exclude_locations"
+        c.error(
+            path + (field,),
+            f"no offer of the {c.recipe.provider} market is left in these places",
+            f"allow some of: {', '.join(regions[:15])}{', ...' if len(regions) > 15 else ''}",
+        )
+    elif not market.query(gpus=gpus, within=within, exclude=exclude):
+        there = sorted({o.gpu for o in placed})
+        elsewhere = sorted({str(o.location.region_location()) for o in market.query(gpus=gpus)})
+        fix = f"GPU types offered there: {', '.join(there)}"
+        if elsewhere:
+            fix += f"; {', '.join(gpus)} is offered in {', '.join(elsewhere[:8])}"
+        c.error(
+            path + ("gpu_types",),
+            f"none of {', '.join(gpus)} is offered in the allowed places",
+            fix,
+        )
+    else:
+        c.error(
+            path + ("pricing",),
+            "no allowed offer has a spot price",
+            "write pricing: any or on_demand",
+        )
+
+
+def _check_parallelism(c: Checker, spec: ModelSpec | None) -> None:
+    p = c.recipe.parallelism
+    path = ("parallelism",)
+    for index, tp in enumerate(p.tensor_parallel):
+        if tp < 1 or tp > MAX_TENSOR_PARALLEL or tp & (tp - 1):
+            c.error(
+                path + ("tensor_parallel", index),
+                f"{tp} is not a power of two from 1 to {MAX_TENSOR_PARALLEL}",
+                "use 1, 2, 4, 8 or 16 (TP stays inside one node)",
+            )
+    if not p.tensor_parallel:
+        c.error(
+            path + ("tensor_parallel",),
+            "the list is empty",
+            "write [1] to forbid tensor parallelism",
+        )
+    gb = c.recipe.training.global_batch_size
+    sizes = [m for m in c.recipe.training.microbatch_sizes if m >= 1]
+    for index, dp in enumerate(p.data_parallel):
+        if dp < 1:
+            c.error(
+                path + ("data_parallel", index),
+                f"must be >= 1, got {dp}",
+                "write positive whole numbers",
+            )
+        elif sizes and gb >= 1 and not any(gb % (m * dp) == 0 for m in sizes):
+            c.error(
+                path + ("data_parallel", index),
+                f"global_batch_size {gb} cannot be split over {dp} replicas with microbatch sizes "
+                f"{', '.join(map(str, sizes))}",
+                f"use a DP degree d with {gb} divisible by d x microbatch size, or change the batch",
+            )
+        elif c.recipe.constraints.max_gpus is not None and dp > c.recipe.constraints.max_gpus:
+            c.error(
+                path + ("data_parallel", index),
+                f"{dp} replicas need more than max_gpus ({c.recipe.constraints.max_gpus}) GPUs",
+                "lower the DP degree or raise max_gpus",
+            )
+    stages = p.max_pipeline_stages
+    if stages is not None and stages < 1:
+        c.error(
+            path + ("max_pipeline_stages",),
+            f"must be >= 1, got {stages}",
+            "write a positive whole number",
+        )
+    elif stages is not None and spec is not None and stages > spec.num_layers:
+        c.error(
+            path + ("max_pipeline_stages",),
+            f"{spec.name} has only {spec.num_layers} layers to split",
+            f"write at most {spec.num_layers}",
+        )
+
+
+def _check_checkpointing(c: Checker) -> None:
+    k = c.recipe.checkpointing
+    path = ("checkpointing",)
+    if k.every_steps < 1:
+        c.error(
+            path + ("every_steps",),
+            f"must be >= 1, got {k.every_steps}",
+            "write a positive whole number",
+        )
+    if k.keep_last < 1:
+        c.error(
+            path + ("keep_last",),
+            f"must be >= 1, got {k.keep_last}",
+            "keep at least the last checkpoint",
+        )
+    if k.path.startswith("s3:") and not _S3_URL.match(k.path):
+        c.error(
+            path + ("path",),
+            f"'{k.path}' is not s3://bucket/prefix",
+            "write s3://bucket/prefix or a local folder",
+        )
+
+
+def _check_runtime(c: Checker) -> None:
+    r = c.recipe.runtime
+    path = ("runtime",)
+    if not 1 <= r.streams <= MAX_STREAMS:
+        c.error(
+            path + ("streams",), f"must be from 1 to {MAX_STREAMS}, got {r.streams}", "write e.g. 8"
+        )
+    if r.compression != "none" and r.allreduce == "flat":
+        c.error(
+            path + ("compression",),
+            "compression applies to the cross-region hop of a hierarchical all-reduce",
+            "write allreduce: hierarchical (or auto), or compression: none",
+        )

@@ -1,0 +1,166 @@
+"""The recipe: what to train, on what data, toward which objective, under which constraints.
+
+Frozen dataclasses, one per YAML section. ``binder.bind`` fills them from YAML strictly (unknown
+keys, wrong types and missing keys are errors); ``checks.check_recipe`` then checks values against
+each other and against the catalog. Each field's ``help`` metadata is the "what to write" of its
+errors. docs/recipe.md documents the format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+def _help(text: str, **kwargs):
+    return field(metadata={"help": text}, **kwargs)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelConfig:
+    name: str = _help(
+        "a built-in model, e.g. gpt-tiny, opt-350m, gpt-neo-2.7b (python -m orchestrator catalog models)"
+    )
+    profile: str = _help(
+        "where per-layer times come from: auto, analytic, sailor, or a path to a profile .json",
+        default="auto",
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class DataConfig:
+    source: Literal["auto", "builtin-text", "synthetic-images", "shards"] = _help(
+        "auto (the model's default), builtin-text, synthetic-images or shards", default="auto"
+    )
+    path: str | None = _help(
+        "for shards: a local folder or s3://bucket/prefix of .tar shards", default=None
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerConfig:
+    name: Literal["adam", "adamw", "sgd"] = _help("adam, adamw or sgd", default="adamw")
+    lr: float = _help("learning rate, a positive number such as 3.0e-4", default=3e-4)
+    weight_decay: float = _help("weight decay, >= 0", default=0.0)
+    momentum: float = _help("SGD momentum in [0, 1)", default=0.0)
+    grad_clip_norm: float | None = _help(
+        "clip the global gradient norm to this (> 0), or null", default=1.0
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainingConfig:
+    global_batch_size: int = _help("samples per optimizer step, a positive whole number")
+    microbatch_sizes: tuple[int, ...] = _help(
+        "microbatch sizes the planner may choose, each dividing global_batch_size, e.g. [1, 2, 4]",
+        default=(1,),
+    )
+    steps: int = _help("optimizer steps to train, a positive whole number")
+    precision: Literal["fp32", "fp16-mixed", "bf16-mixed"] = _help(
+        "fp32, fp16-mixed or bf16-mixed", default="fp32"
+    )
+    optimizer: OptimizerConfig = _help(
+        "name, lr, weight_decay, momentum, grad_clip_norm", default_factory=OptimizerConfig
+    )
+    seed: int = _help("random seed, a whole number", default=0)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ObjectiveConfig:
+    goal: Literal["max_throughput", "min_cost"] = _help(
+        "max_throughput or min_cost", default="max_throughput"
+    )
+    budget_usd_per_hour: float | None = _help(
+        "with goal max_throughput: spend at most this many $ per hour (> 0)", default=None
+    )
+    min_throughput_samples_per_s: float | None = _help(
+        "with goal min_cost: keep at least this many samples/s (> 0)", default=None
+    )
+    deadline_h: float | None = _help(
+        "with goal min_cost: finish all steps within this many hours (> 0)", default=None
+    )
+    budget_usd: float | None = _help(
+        "stop before total spend (compute + egress) exceeds this many $ (> 0)", default=None
+    )
+    risk_aware: bool = _help(
+        "true to score plans by expected throughput under preemptions", default=False
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConstraintsConfig:
+    locations: tuple[str, ...] = _help(
+        "allowed places as cloud[/region[/zone]], e.g. [gcp/us-central1, aws]; empty: all the provider offers",
+        default=(),
+    )
+    exclude_locations: tuple[str, ...] = _help(
+        "places never to use, cloud[/region[/zone]]", default=()
+    )
+    gpu_types: tuple[str, ...] = _help(
+        "allowed GPU types, e.g. [A100, V100]; empty: any", default=()
+    )
+    max_gpus: int | None = _help("at most this many GPUs in total (>= 1), or null", default=None)
+    pricing: Literal["spot", "on_demand", "any"] = _help("spot, on_demand or any", default="any")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ParallelismConfig:
+    tensor_parallel: tuple[int, ...] = _help(
+        "TP degrees the planner may use (powers of two, TP stays in a node)", default=(1, 2, 4, 8)
+    )
+    data_parallel: tuple[int, ...] = _help("DP degrees the planner may use; empty: any", default=())
+    max_pipeline_stages: int | None = _help(
+        "at most this many pipeline stages (>= 1), or null", default=None
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    every_steps: int = _help("write a checkpoint every this many steps (>= 1)", default=50)
+    path: str = _help("a local folder or s3://bucket/prefix", default="checkpoints")
+    asynchronous: bool = _help("true to write checkpoints while training goes on", default=True)
+    keep_last: int = _help("keep this many checkpoints (>= 1)", default=2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimeConfig:
+    allreduce: Literal["auto", "flat", "hierarchical"] = _help(
+        "auto, flat or hierarchical", default="auto"
+    )
+    compression: Literal["none", "fp16", "int8"] = _help(
+        "compression of the cross-region all-reduce hop: none, fp16 or int8", default="none"
+    )
+    streams: int = _help("parallel TCP streams per cross-region link (1-256)", default=8)
+    link_emulation: bool = _help(
+        "on the local cloud, give links the latency and bandwidth of the places", default=True
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recipe:
+    name: str | None = _help("a short name for the job; default: the file name", default=None)
+    provider: Literal["local", "skypilot", "aws", "gcp", "azure"] = _help(
+        "where to run: local (the simulated cloud on this machine), skypilot, aws, gcp or azure",
+        default="local",
+    )
+    market: str | None = _help(
+        "a CSV of offers to plan against instead of the provider's (path)", default=None
+    )
+    model: ModelConfig = _help("name, profile")
+    data: DataConfig = _help("source, path", default_factory=DataConfig)
+    training: TrainingConfig = _help(
+        "global_batch_size, microbatch_sizes, steps, precision, optimizer, seed"
+    )
+    objective: ObjectiveConfig = _help("goal and its limits", default_factory=ObjectiveConfig)
+    constraints: ConstraintsConfig = _help(
+        "locations, gpu_types, max_gpus, pricing", default_factory=ConstraintsConfig
+    )
+    parallelism: ParallelismConfig = _help(
+        "tensor_parallel, data_parallel, max_pipeline_stages", default_factory=ParallelismConfig
+    )
+    checkpointing: CheckpointConfig = _help(
+        "every_steps, path, asynchronous, keep_last", default_factory=CheckpointConfig
+    )
+    runtime: RuntimeConfig = _help(
+        "allreduce, compression, streams, link_emulation", default_factory=RuntimeConfig
+    )
