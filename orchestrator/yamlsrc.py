@@ -2,8 +2,8 @@
 
 Recipes, plans and config files are parsed from YAML nodes rather than ``yaml.safe_load`` so that an
 error can say on which line the bad value is. Duplicate keys are errors (PyYAML keeps the last one
-silently), and an unquoted number in exponent form without a dot (``3e-4``), which YAML 1.1 reads
-as text, is read as a float as the user meant.
+silently), and an unquoted number in exponent form (``3e-4``, ``2.0e9``), which YAML 1.1 reads as text
+unless written ``2.0e+9``, is read as a float as the user meant.
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import yaml
 
 Path_ = tuple[str | int, ...]  # a position in the document: keys and list indices from the root
 
-_FLOAT_WITHOUT_DOT = re.compile(r"^[-+]?(\d+)([eE][-+]?\d+)$")
+# YAML 1.1 reads 3e-4 and 2.0e9 as text (it wants a dot and a signed exponent: 2.0e+9)
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(\d+(\.\d*)?|\.\d+)[eE][-+]?\d+$")
 
 
 class YamlSyntaxError(Exception):
@@ -101,7 +102,7 @@ class _Builder:
                 f"cannot read the value '{node.value}' as {node.tag.rsplit(':', 1)[-1]}",
                 node.start_mark.line + 1,
             ) from None
-        if isinstance(value, str) and node.style is None and _FLOAT_WITHOUT_DOT.match(value):
+        if isinstance(value, str) and node.style is None and _EXPONENT_FLOAT.match(value):
             return float(value)
         return value
 

@@ -1,0 +1,105 @@
+"""Simulator speed: estimates per second on a stream of distinct 4-stage, 8-replica plans.
+
+Usage: python bench/simulator_speed.py [--plans N] [--repeat R]
+
+The plans are what a planner would try for OPT-350M (SAILOR's profiles) on A100 and V100 GPUs in
+four GCP zones: a random split of the 26 layers into 4 stages, a random microbatch size (1, 2 or 4
+of a global batch of 1024, so 32-128 microbatches per pipeline), and 8 pipelines of two kinds (GPU
+type and zone) in a random proportion; in half of the plans each pipeline alternates two zones from
+stage to stage, so its activations cross zones. Every plan is new to the simulator: only the static
+tables (profile prefix sums, link and price lookups, and collective costs per data-parallel group)
+are reused, as they are in the planner's inner loop. The target (issue 3) is 20,000 estimates/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from orchestrator.catalog import default_catalog  # noqa: E402
+from orchestrator.plan import Plan, Replica, check_plan  # noqa: E402
+from orchestrator.profiles import analytic_settings  # noqa: E402
+from orchestrator.profiles.analytic import update_seconds  # noqa: E402
+from orchestrator.profiles.sailor import import_sailor  # noqa: E402
+from orchestrator.simulator import simulate, views_for  # noqa: E402
+from runtime.models.specs import model_spec  # noqa: E402
+
+ZONES = ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"]
+TARGET_PER_S = 20_000
+
+
+def make_plans(count: int, seed: int, *, mixed: bool = True) -> list[Plan]:
+    """Distinct candidate plans, built the way a planner builds them (kinds of pipeline, counted).
+    ``mixed``: two kinds of pipeline (GPU type, zone), half of them crossing zones; else eight
+    identical pipelines of one GPU type in one zone."""
+    rng = random.Random(seed)
+    plans = []
+    for _ in range(count):
+        cuts = sorted(rng.sample(range(1, 26), 3))
+        bounds = [0, *cuts, 26]
+        split = rng.randint(1, 7) if mixed else 8
+        cross = mixed and rng.random() < 0.5
+        pipelines = []
+        for count_of_kind in [c for c in (split, 8 - split) if c]:
+            gpu, zone = rng.choice(["A100", "V100"]), rng.choice(ZONES)
+            row = []
+            for s in range(4):
+                here = ZONES[(ZONES.index(zone) + 1) % len(ZONES)] if cross and s % 2 else zone
+                row.append(Replica(gpu=gpu, tp=1, infra=f"gcp/us-central1/{here}", spot=True))
+            pipelines.append((count_of_kind, row))
+        plan = Plan.from_pipelines(
+            global_batch_size=1024,
+            microbatch_size=rng.choice([1, 2, 4]),
+            layers=list(zip(bounds, bounds[1:], strict=False)),
+            pipelines=pipelines,
+        )
+        check_plan(plan)
+        plans.append(plan)
+    return plans
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--plans", type=int, default=2000)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    catalog = default_catalog()
+    settings = analytic_settings(catalog)
+
+    def update(gpu: str, params: float) -> float:
+        return update_seconds(
+            catalog.gpus.get(gpu),
+            params,
+            optimizer="adam",
+            precision="fp16-mixed",
+            settings=settings,
+        )
+
+    profile = import_sailor(model_spec("opt-350m"), ["A100", "V100"], catalog, update)
+    network, prices, sim_settings = views_for(catalog, catalog.market("gcp"))
+    for mixed in (False, True):
+        rates = []
+        for repeat in range(args.repeat):
+            plans = make_plans(
+                args.plans, seed=repeat, mixed=mixed
+            )  # fresh plans: nothing cached on them
+            start = time.perf_counter()
+            for plan in plans:
+                simulate(profile, plan, network=network, prices=prices, settings=sim_settings)
+            rates.append(len(plans) / (time.perf_counter() - start))
+        median = statistics.median(rates)
+        kind = "two kinds of pipeline, half crossing zones" if mixed else "one GPU type in one zone"
+        print(
+            f"{kind:45s} {median:9,.0f} estimates/s median ({max(rates):,.0f} best) = "
+            f"{median / TARGET_PER_S:.2f}x the {TARGET_PER_S:,}/s target"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,83 @@
+"""Model profiles: imported from SAILOR, estimated analytically, or measured by our profiler.
+
+``profile_for_recipe`` picks per GPU what the recipe's ``model.profile`` asks: ``auto`` takes SAILOR's
+measurement where SAILOR profiled that model on that GPU in fp16, and the analytic estimate
+elsewhere; ``sailor`` and ``analytic`` force one source; a path loads a profile file.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from orchestrator.catalog import Catalog
+from orchestrator.errors import UserError
+from orchestrator.profiles.analytic import AnalyticSettings, analytic_profile, update_seconds
+from orchestrator.profiles.profile import ModelProfile, load_profile_json
+from orchestrator.profiles.sailor import import_sailor, sailor_gpus
+from orchestrator.recipe import Recipe
+from runtime.models.specs import model_spec
+
+__all__ = ["ModelProfile", "analytic_settings", "profile_for_recipe"]
+
+
+def analytic_settings(catalog: Catalog) -> AnalyticSettings:
+    return AnalyticSettings.load(catalog.configs_dir / "simulator.yaml", "configs/simulator.yaml")
+
+
+def profile_for_recipe(
+    recipe: Recipe,
+    gpus: Iterable[str],
+    catalog: Catalog,
+    *,
+    microbatch_sizes: Iterable[int] = (),
+    tp_degrees: Iterable[int] = (),
+) -> ModelProfile:
+    """The profile of the recipe's model on ``gpus`` (catalog names)."""
+    gpus = sorted(set(gpus))
+    spec = model_spec(recipe.model.name)
+    mode = recipe.model.profile
+    if mode not in ("auto", "analytic", "sailor"):
+        profile = load_profile_json(Path(mode))
+        missing = [g for g in gpus if g not in profile.gpus]
+        if missing:
+            raise UserError(
+                f"profile {mode} has no times for {', '.join(missing)}",
+                field="model.profile",
+                fix="profile those GPUs, or use profile: auto",
+            )
+        return profile
+    settings = analytic_settings(catalog)
+    precision, optimizer = recipe.training.precision, recipe.training.optimizer.name
+    measured = sailor_gpus(spec, catalog) if precision == "fp16-mixed" or mode == "sailor" else {}
+    imported = [g for g in gpus if g in measured] if mode != "analytic" else []
+    if mode == "sailor":
+        imported = gpus  # import_sailor names any GPU SAILOR lacks
+    estimated = [g for g in gpus if g not in imported]
+
+    def update(gpu: str, params: float) -> float:
+        return update_seconds(
+            catalog.gpus.get(gpu),
+            params,
+            optimizer="adam",
+            precision="fp16-mixed",
+            settings=settings,
+        )
+
+    profile = import_sailor(spec, imported, catalog, update) if imported else None
+    if estimated:
+        sizes = set(microbatch_sizes) | set(recipe.training.microbatch_sizes)
+        tps = {1} | set(tp_degrees) | set(recipe.parallelism.tensor_parallel)
+        analytic = analytic_profile(
+            spec,
+            [catalog.gpus.get(g) for g in estimated],
+            precision=precision,
+            optimizer=optimizer,
+            microbatch_sizes=sizes,
+            tp_degrees=tps,
+            settings=settings,
+        )
+        profile = analytic if profile is None else profile.merged(analytic)
+    if profile is None:
+        raise UserError("no GPU to profile", fix="name at least one GPU")
+    return profile

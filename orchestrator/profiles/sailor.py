@@ -1,0 +1,130 @@
+"""Import SAILOR's published profiles (configs/profiles/sailor, from eth-easl/sailor, MIT).
+
+SAILOR measured per-layer forward/backward/update seconds with Megatron-DeepSpeed in fp16 for
+OPT-350M, GPT-Neo-2.7B, LLaMA-3-8B and OPT-30B on A100, V100, GH200 and RTX GPUs
+(``profiles/<model>/<gpu>/profile.json``: ``{mbs: {tp: {layer: [f, b, u]}}}``) and per-layer sizes
+(``llm_info.json``: parameters per GPU, activation elements sent on, activation bytes kept).
+
+Two readings differ from SAILOR's own simulator, on purpose:
+- ``act_mem_bytes`` is what SAILOR measured (allocated bytes); we keep it as bytes. SAILOR's
+  simulator multiplies its float count by 2 under fp16, which halves the measured figure.
+- ``u`` is the same value on every layer: the optimizer step of the whole model on one GPU. We spread
+  it over layers by parameters, so a stage's update time grows with its share of the model (the step
+  is memory-bound). Where SAILOR recorded 0, the update is estimated from memory bandwidth.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+from orchestrator.catalog import Catalog
+from orchestrator.errors import UserError
+from orchestrator.profiles.profile import GpuProfile, LayerTable, ModelProfile, TimeTable
+from runtime.models.specs import GptSpec
+
+ORIGIN = "SAILOR (eth-easl/sailor cf2c8e3) profiles/{model}/{gpu}/profile.json"
+UpdateEstimate = Callable[[str, float], float]  # (gpu, parameters) -> seconds
+
+
+def sailor_dir(catalog: Catalog) -> Path:
+    return catalog.configs_dir / "profiles" / "sailor"
+
+
+def sailor_gpus(spec: GptSpec, catalog: Catalog) -> dict[str, str]:
+    """Catalog GPU name -> SAILOR's folder name, for the GPUs SAILOR profiled this model on."""
+    folder = sailor_dir(catalog) / (spec.sailor_name or "")
+    if not spec.sailor_name or not folder.is_dir():
+        return {}
+    found = {}
+    for child in sorted(folder.iterdir()):
+        gpu = catalog.gpus.find(child.name)
+        if gpu is not None and (child / "profile.json").is_file():
+            found[gpu.name] = child.name
+    return found
+
+
+def import_sailor(
+    spec: GptSpec, gpus: Iterable[str], catalog: Catalog, update_estimate: UpdateEstimate
+) -> ModelProfile:
+    """SAILOR's profile of ``spec`` on each of ``gpus`` (catalog names); UserError if one is missing."""
+    available = sailor_gpus(spec, catalog)
+    if not available:
+        raise UserError(
+            f"SAILOR published no profile of {spec.name}",
+            field="model.profile",
+            fix="use profile: analytic",
+        )
+    layers = _layer_tables(spec, catalog)
+    num_layers = len(next(iter(layers.values())).params)
+    profiles = {}
+    for gpu in gpus:
+        if gpu not in available:
+            raise UserError(
+                f"SAILOR did not profile {spec.name} on {gpu}",
+                field="model.profile",
+                fix=f"SAILOR profiled it on {', '.join(available)}; use profile: auto or analytic "
+                "to estimate the other GPUs",
+            )
+        profiles[gpu] = _gpu_profile(
+            spec, gpu, available[gpu], layers, num_layers, catalog, update_estimate
+        )
+    return ModelProfile(spec.name, "fp16-mixed", "adam", spec.seq_len, layers, profiles)
+
+
+def _layer_tables(spec: GptSpec, catalog: Catalog) -> dict[int, LayerTable]:
+    info = json.loads((sailor_dir(catalog) / "llm_info.json").read_text(encoding="utf-8"))[
+        spec.sailor_name
+    ]
+    tables = {}
+    for tp, by_layer in info.items():
+        order = sorted(by_layer, key=int)
+        tables[int(tp)] = LayerTable(
+            params=tuple(int(by_layer[i]["params_floats"]) for i in order),
+            act_out_elements=tuple(int(by_layer[i]["act_output_floats"]) for i in order),
+            act_kept_bytes=tuple(float(by_layer[i]["act_mem_bytes"]) for i in order),
+        )
+    return tables
+
+
+def _gpu_profile(
+    spec: GptSpec,
+    gpu: str,
+    folder: str,
+    layers: dict[int, LayerTable],
+    num_layers: int,
+    catalog: Catalog,
+    update_estimate: UpdateEstimate,
+) -> GpuProfile:
+    path = sailor_dir(catalog) / spec.sailor_name / folder / "profile.json"
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    origin = ORIGIN.format(model=spec.sailor_name, gpu=folder)
+    times = {}
+    for mbs, by_tp in raw.items():
+        for tp, by_layer in by_tp.items():
+            if len(by_layer) != num_layers:
+                raise UserError(
+                    f"SAILOR's profile of {spec.sailor_name} on {folder} has {len(by_layer)} layers where its "
+                    f"llm_info.json has {num_layers}; the published file is inconsistent",
+                    file=str(path),
+                    fix=f"use profile: analytic for {gpu}",
+                )
+            if int(tp) not in layers:
+                continue  # no layer sizes at this TP degree: unusable
+            rows = [by_layer[str(i)] for i in range(num_layers)]
+            times[(int(mbs), int(tp))] = TimeTable(
+                forward_s=tuple(float(r[0]) for r in rows),
+                backward_s=tuple(float(r[1]) for r in rows),
+                update_s=_spread_update(float(rows[0][2]), layers[int(tp)], gpu, update_estimate),
+            )
+    return GpuProfile(gpu, "imported", origin, times)
+
+
+def _spread_update(
+    model_update_s: float, table: LayerTable, gpu: str, update_estimate: UpdateEstimate
+) -> tuple[float, ...]:
+    total = sum(table.params)
+    if model_update_s <= 0:  # not recorded: estimate the memory-bound step per layer
+        return tuple(update_estimate(gpu, p) for p in table.params)
+    return tuple(model_update_s * p / total for p in table.params)

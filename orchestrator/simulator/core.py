@@ -1,0 +1,320 @@
+"""Predict one plan: iteration time with its breakdown, memory per GPU, and dollars.
+
+Per pipeline (replica i of every stage), the 1F1B model of pipeline.py gives when each stage ends its
+last backward, with activation and gradient transfers over the links between the stages' places
+(latency + bytes / bandwidth, asynchronous). Per stage, the gradient all-reduce across its replicas
+(collectives.py) starts when every replica's last backward begins producing gradients: buckets are
+reduced while that backward runs, so only the part that outlasts it, or at least the last bucket,
+adds time. Then the stage's optimizer step runs. The iteration ends when the last stage's step ends;
+samples/s is the global batch over that time.
+
+Dollars: each replica's GPUs at the $/GPU-hour of the cheapest fitting offer in its place, and every
+byte sent across a zone, region or cloud boundary at the sender's egress price.
+
+The planner calls this in its inner loop: work is done once per distinct replica of a stage and
+once per distinct pipeline (``Plan.stage_kinds``, ``Plan.pipeline_groups``), only floats are
+computed, and the breakdown people read is built when first asked for.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from orchestrator.plan import Plan
+from orchestrator.profiles.profile import ModelProfile
+from orchestrator.simulator.collectives import hierarchical_allreduce, ring_allreduce
+from orchestrator.simulator.environment import NetworkView, PriceView
+from orchestrator.simulator.estimate import (
+    Breakdown,
+    EgressLink,
+    Estimate,
+    MemoryParts,
+    ReplicaMemory,
+    StageTime,
+)
+from orchestrator.simulator.memory import memory_terms
+from orchestrator.simulator.pipeline import PipelineTime, pipeline_time
+from orchestrator.simulator.settings import SimulatorSettings
+
+SOURCE_RANK = {"measured": 0, "imported": 1, "estimated": 2}
+
+
+def simulate(
+    profile: ModelProfile,
+    plan: Plan,
+    *,
+    network: NetworkView,
+    prices: PriceView,
+    settings: SimulatorSettings,
+) -> Estimate:
+    """Predict ``plan`` for the model of ``profile``; raise UserError if the plan cannot run."""
+    mbs, element = plan.microbatch_size, profile.element_bytes
+    stage_times = profile.stage_times
+    # per stage, per kind of replica: (forward, backward, update) seconds for one microbatch
+    compute = [
+        [stage_times(r.gpu, mbs, r.tp, *stage.layers) for r, _ in kinds]
+        for stage, kinds in zip(plan.stages, plan.stage_kinds, strict=True)
+    ]
+    egress: dict[tuple[str, str], float] = defaultdict(float)  # bytes per iteration
+    pipelines = [
+        _pipeline(profile, plan, i, compute, network, egress, count)
+        for i, count in plan.pipeline_groups
+    ]
+    rows = []  # per stage: forward, backward, update, send, sync, exposed sync, finish
+    last = plan.num_stages - 1
+    for s, stage in enumerate(plan.stages):
+        times = compute[s]
+        gradient = profile.stage_gradient_elements(*stage.layers, stage.replicas[0].tp) * element
+        sync = _sync(plan, s, gradient, element, network, egress)
+        forward = backward = update = 0.0
+        for t in times:
+            forward = t[0] if t[0] > forward else forward
+            backward = t[1] if t[1] > backward else backward
+            update = t[2] if t[2] > update else update
+        exposed = _exposed(sync, backward, gradient, settings)
+        ready = send = 0.0
+        for timing, sends in pipelines:
+            end = timing.stage_end_s[s]
+            ready = end if end > ready else ready
+            if s < last and sends[s] > send:
+                send = sends[s]
+        rows.append((forward, backward, update, send, sync, exposed, ready + exposed + update))
+    iteration = max(row[6] for row in rows)
+    slowest = max((p for p, _ in pipelines), key=lambda p: p.makespan_s)
+    return _estimate(profile, plan, prices, settings, rows, slowest, iteration, egress)
+
+
+def _pipeline(
+    profile: ModelProfile,
+    plan: Plan,
+    i: int,
+    compute: list[list],
+    network: NetworkView,
+    egress: dict,
+    count: int,
+) -> tuple[PipelineTime, list[float]]:
+    """Timing of pipeline ``i`` and, per link, the time to send one activation."""
+    stages, kind_of = plan.stages, plan.kind_of
+    f, b, latency, fwd, bwd, sends = [], [], [], [], [], []
+    m = plan.microbatches()[i]
+    scale = plan.microbatch_size * profile.element_bytes
+    streams, link = plan.streams, network.link
+    previous = None
+    for s, stage in enumerate(stages):
+        replica = stage.replicas[i]
+        forward, backward, _ = compute[s][kind_of[s][i]]
+        f.append(forward)
+        b.append(backward)
+        if previous is not None:
+            src, dst = previous.infra, replica.infra
+            size = profile.stage_facts(previous.tp, *stages[s - 1].layers)[3] * scale
+            lat_f, bw_f = link(src, dst, streams)
+            lat_b, bw_b = link(dst, src, streams)
+            latency.append(lat_f if lat_f > lat_b else lat_b)
+            fwd.append(size / bw_f)
+            bwd.append(size / bw_b)
+            sends.append(lat_f + size / bw_f)
+            if src != dst:
+                egress[(src, dst)] += size * m * count
+                egress[(dst, src)] += size * m * count
+        previous = replica
+    return pipeline_time(f, b, m, latency, fwd, bwd), sends
+
+
+def _sync(
+    plan: Plan, s: int, message: float, element: int, network: NetworkView, egress: dict
+) -> float:
+    """Seconds of the stage's all-reduce. For a fixed group, time is ``a + c * bytes`` and the bytes
+    crossing each boundary are proportional to the message: the coefficients are cached per group."""
+    key = (plan.stage_kinds[s], plan.allreduce, plan.compression, element, plan.streams)
+    coefficients = network.sync_cache.get(key)
+    if coefficients is None:
+        coefficients = network.sync_cache[key] = _sync_coefficients(plan, s, element, network)
+    fixed, slope, per_byte = coefficients
+    if message <= 0 or plan.dp_degree < 2:
+        return 0.0
+    for pair, share in per_byte:
+        egress[pair] += share * message
+    return fixed + slope * message
+
+
+def _sync_coefficients(plan: Plan, s: int, element: int, network: NetworkView) -> tuple:
+    places = tuple(r.infra for r in plan.stages[s].replicas)
+
+    def link(src: str, dst: str) -> tuple[float, float]:
+        return network.link(src, dst, plan.streams)
+
+    def cost(size: float):
+        if plan.allreduce == "flat":
+            return ring_allreduce(places, size, link)
+        return hierarchical_allreduce(
+            places,
+            size,
+            link,
+            region_of=network.region_of,
+            grad_element_bytes=element,
+            compression=plan.compression,
+        )
+
+    unit, double = cost(1e9), cost(2e9)
+    slope = (double.time_s - unit.time_s) / 1e9
+    return (
+        unit.time_s - slope * 1e9,
+        slope,
+        tuple(((a, b), size / 1e9) for a, b, size in unit.crossing),
+    )
+
+
+def _exposed(
+    sync_s: float, last_backward_s: float, message: float, settings: SimulatorSettings
+) -> float:
+    """All-reduce time that the last backward does not hide (at least the last bucket's)."""
+    if sync_s <= 0 or not settings.overlap_grad_sync:
+        return sync_s
+    last_bucket = sync_s * min(1.0, settings.bucket_bytes / message) if message else 0.0
+    return max(last_bucket, sync_s - last_backward_s)
+
+
+def _estimate(
+    profile: ModelProfile,
+    plan: Plan,
+    prices: PriceView,
+    settings: SimulatorSettings,
+    rows: list[tuple],
+    slowest: PipelineTime,
+    iteration: float,
+    egress: dict,
+) -> Estimate:
+    micro = plan.microbatches()
+    distinct_micro = set(micro)
+    memory: dict[tuple, tuple] = {}  # per distinct (stage, TP degree, microbatches)
+    oom, peak = False, 0.0
+    capacity = settings.gpu_memory_bytes
+    for s, kinds in enumerate(plan.stage_kinds):
+        for replica, _ in kinds:
+            for m in distinct_micro:
+                key = (s, replica.tp, m)
+                terms = memory.get(key)
+                if terms is None:
+                    terms = memory[key] = memory_terms(profile, plan, s, replica.tp, m, settings)
+                total = terms[0] + terms[1] + terms[2] + terms[3] + terms[4] + terms[5]
+                peak = total if total > peak else peak
+                oom = oom or total > capacity[replica.gpu]
+    per_hour = prices.hourly_usd(plan.stage_kinds)
+    price = prices.egress_usd_per_byte
+    egress_usd = sum(size * price(src, dst) for (src, dst), size in egress.items())
+    compute_s, comm_s = _granularity_terms(max(micro), rows)
+    granularity = compute_s / comm_s if comm_s > 0 else float("inf")
+    sources = profile.sources()
+    used = sorted({r.gpu for kinds in plan.stage_kinds for r, _ in kinds})
+    samples_per_s = plan.global_batch_size / iteration
+
+    def breakdown() -> Breakdown:
+        return _breakdown(profile, plan, prices, settings, rows, memory, egress, used)
+
+    return Estimate(
+        iteration_time_s=iteration,
+        samples_per_s=samples_per_s,
+        tokens_per_s=samples_per_s * profile.tokens_per_sample
+        if profile.tokens_per_sample
+        else None,
+        microbatches=micro,
+        pipeline_s=slowest.makespan_s,
+        period_s=slowest.period_s,
+        bottleneck=slowest.critical,
+        bubble_s=max(0.0, slowest.makespan_s - max(micro) * slowest.period_s),
+        oom=oom,
+        peak_memory_bytes=peak,
+        cost_per_hour_usd=per_hour,
+        compute_usd_per_iteration=per_hour * iteration / 3600,
+        egress_usd_per_iteration=egress_usd,
+        granularity=granularity,
+        speedup_if_doubled=(granularity + 1) / (granularity / 2 + 1) if comm_s > 0 else 2.0,
+        global_batch_size=plan.global_batch_size,
+        profile_source=max((sources[g] for g in used), key=SOURCE_RANK.__getitem__),
+        profile_sources=tuple((g, sources[g]) for g in used),
+        breakdown_fn=breakdown,
+    )
+
+
+def _granularity_terms(m: int, rows: list[tuple]) -> tuple[float, float]:
+    """Erben et al.'s granularity terms: seconds computing and seconds communicating per iteration on
+    the busiest GPU, counted without overlap (its stage's work; its all-reduce and its transfers)."""
+    compute, comm = 0.0, 0.0
+    for s, (forward, backward, update, send, sync, _, _) in enumerate(rows):
+        compute = max(compute, m * (forward + backward) + update)
+        comm = max(comm, sync + m * ((rows[s - 1][3] if s else 0.0) + send))
+    return compute, comm
+
+
+def _breakdown(
+    profile: ModelProfile,
+    plan: Plan,
+    prices: PriceView,
+    settings: SimulatorSettings,
+    rows: list[tuple],
+    memory: dict,
+    egress: dict,
+    used: list[str],
+) -> Breakdown:
+    micro = plan.microbatches()
+    stages = tuple(
+        StageTime(
+            stage=s,
+            layers=stage.layers,
+            forward_s=row[0],
+            backward_s=row[1],
+            update_s=row[2],
+            send_s=row[3],
+            dp_sync_s=row[4],
+            dp_sync_exposed_s=row[5],
+            finish_s=row[6],
+        )
+        for s, (stage, row) in enumerate(zip(plan.stages, rows, strict=True))
+    )
+    replicas = tuple(
+        ReplicaMemory(
+            stage=s,
+            replica=i,
+            gpu=r.gpu,
+            infra=r.infra,
+            tp=r.tp,
+            parts=MemoryParts(*memory[(s, r.tp, micro[i])]),
+            capacity_bytes=settings.capacity_bytes(r.gpu),
+        )
+        for s, stage in enumerate(plan.stages)
+        for i, r in enumerate(stage.replicas)
+    )
+    links = tuple(
+        EgressLink(src, dst, size, size * prices.egress_usd_per_byte(src, dst))
+        for (src, dst), size in sorted(egress.items())
+    )
+    return Breakdown(stages, replicas, links, _notes(profile, plan, used))
+
+
+def describe_bottleneck(plan: Plan, critical: str) -> str:
+    """``stage 2`` -> which layers on which GPUs where; loops and links as they are."""
+    if critical.startswith("stage "):
+        s = int(critical.split()[1])
+        stage = plan.stages[s]
+        kinds = sorted({f"{r.gpu} in {r.infra}" for r in stage.replicas})
+        return f"stage {s} (layers {stage.layers[0]}-{stage.layers[1] - 1}; {', '.join(kinds)})"
+    if critical.startswith("loop "):
+        return f"round trip of {critical} (latency limits the microbatches in flight)"
+    return critical
+
+
+def _notes(profile: ModelProfile, plan: Plan, used: list[str]) -> tuple[str, ...]:
+    notes = []
+    mbs = plan.microbatch_size
+    for gpu, tp in sorted({(r.gpu, r.tp) for kinds in plan.stage_kinds for r, _ in kinds}):
+        table = profile.time_table(gpu, mbs, tp)
+        if table.scaled_from_mbs is not None:
+            notes.append(
+                f"{gpu} times at microbatch {mbs} scaled from the profiled microbatch {table.scaled_from_mbs}"
+            )
+    if any(profile.gpus[g].source == "estimated" for g in used):
+        notes.append(
+            "estimated profiles: times from FLOPs, bytes and peak figures (configs/simulator.yaml)"
+        )
+    return tuple(notes)

@@ -1,0 +1,51 @@
+"""Simulator parameters (configs/simulator.yaml: memory, communication) and GPU memory sizes."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from orchestrator.catalog import Catalog
+from orchestrator.catalog.records import Entry, read_yaml
+
+
+@dataclass(frozen=True, kw_only=True)
+class SimulatorSettings:
+    framework_overhead_bytes: float  # per GPU, beyond tensors
+    tp_overhead_bytes: float  # extra per GPU when TP > 1
+    fragmentation_fraction: float
+    bucket_bytes: float
+    overlap_grad_sync: bool
+    gpu_memory_bytes: Mapping[str, float]  # capacity by GPU name
+
+    def overhead_bytes(self, tp: int) -> float:
+        return self.framework_overhead_bytes + (self.tp_overhead_bytes if tp > 1 else 0.0)
+
+    def capacity_bytes(self, gpu: str) -> float:
+        return self.gpu_memory_bytes[gpu]
+
+
+def load_settings(catalog: Catalog) -> SimulatorSettings:
+    path = catalog.configs_dir / "simulator.yaml"
+    doc = read_yaml(path, "configs/simulator.yaml")
+    memory = Entry(doc, ("memory",))
+    comm = Entry(doc, ("communication",))
+    overlap = comm.raw("overlap_grad_sync")
+    if not isinstance(overlap, bool):
+        comm.fail(
+            comm.path + ("overlap_grad_sync",),
+            f"expected true or false, got {overlap!r}",
+            "write true or false",
+        )
+    settings = SimulatorSettings(
+        framework_overhead_bytes=memory.number("framework_overhead_bytes", strictly_positive=False),
+        tp_overhead_bytes=memory.number("tp_overhead_bytes", strictly_positive=False),
+        fragmentation_fraction=memory.number("fragmentation_fraction", strictly_positive=False),
+        bucket_bytes=comm.number("bucket_bytes"),
+        overlap_grad_sync=overlap,
+        gpu_memory_bytes={spec.name: float(spec.memory_bytes) for spec in catalog.gpus.specs},
+    )
+    for entry in (memory, comm):
+        entry.text("source")
+        entry.done()
+    return settings

@@ -1,0 +1,128 @@
+"""1F1B pipeline timing: closed cases, and the fast model against an independent event simulation."""
+
+from __future__ import annotations
+
+import random
+import statistics
+
+import pytest
+
+from orchestrator.simulator.pipeline import period, pipeline_time, simulate
+
+
+def reference(f, b, m, latency=None, occupy_fwd=None, occupy_bwd=None):
+    """A plain event-driven 1F1B simulation written independently of orchestrator.simulator."""
+    stages = len(f)
+    latency = latency or [0.0] * (stages - 1)
+    occupy_fwd = occupy_fwd or [0.0] * (stages - 1)
+    occupy_bwd = occupy_bwd or [0.0] * (stages - 1)
+    orders = []
+    for s in range(stages):
+        warm = min(stages - s - 1, m)
+        order = [("F", j) for j in range(warm)]
+        for j in range(m - warm):
+            order += [("F", warm + j), ("B", j)]
+        orders.append(order + [("B", j) for j in range(m - warm, m)])
+    act = {(0, j): 0.0 for j in range(m)}
+    grad, done_f, done_b = {}, {}, {}
+    chan_f, chan_b = [0.0] * stages, [0.0] * stages
+    pos, free = [0] * stages, [0.0] * stages
+    while any(pos[s] < len(orders[s]) for s in range(stages)):
+        moved = False
+        for s in range(stages):
+            while pos[s] < len(orders[s]):
+                kind, j = orders[s][pos[s]]
+                if kind == "F":
+                    if (s, j) not in act:
+                        break
+                    end = max(free[s], act[(s, j)]) + f[s]
+                    done_f[(s, j)] = end
+                    if s < stages - 1:
+                        chan_f[s] = max(end, chan_f[s]) + occupy_fwd[s]
+                        act[(s + 1, j)] = chan_f[s] + latency[s]
+                    else:
+                        grad[(s, j)] = end
+                else:
+                    if (s, j) not in grad:
+                        break
+                    end = max(free[s], grad[(s, j)]) + b[s]
+                    done_b[(s, j)] = end
+                    if s > 0:
+                        chan_b[s - 1] = max(end, chan_b[s - 1]) + occupy_bwd[s - 1]
+                        grad[(s - 1, j)] = chan_b[s - 1] + latency[s - 1]
+                free[s] = end
+                pos[s] += 1
+                moved = True
+        assert moved
+    return done_b[(0, m - 1)], [done_b[(s, m - 1)] for s in range(stages)]
+
+
+def random_pipeline(rng, latencies=(0, 0.005, 0.05), occupancies=(0, 0.01, 0.1)):
+    stages = rng.randint(1, 6)
+    f = [rng.uniform(0.1, 2) for _ in range(stages)]
+    b = [x * rng.uniform(1, 3) for x in f]
+    latency = [rng.choice(latencies) for _ in range(stages - 1)]
+    fwd = [rng.choice(occupancies) for _ in range(stages - 1)]
+    bwd = [x * rng.uniform(0.5, 1.5) for x in fwd]
+    return f, b, latency, fwd, bwd
+
+
+def test_full_simulation_matches_the_reference():
+    rng = random.Random(3)
+    for _ in range(500):
+        f, b, latency, fwd, bwd = random_pipeline(rng, (0, 0.05, 1), (0, 0.5, 3))
+        m = rng.randint(1, 30)
+        makespan, ends = simulate(f, b, m, latency, fwd, bwd)
+        ref_makespan, ref_ends = reference(f, b, m, latency, fwd, bwd)
+        assert makespan == pytest.approx(ref_makespan, abs=1e-9)
+        assert ends == pytest.approx(ref_ends, abs=1e-9)
+
+
+@pytest.mark.parametrize(("stages", "m"), [(1, 1), (1, 7), (2, 4), (4, 8), (4, 2), (6, 40)])
+def test_balanced_pipeline_closed_form(stages, m):
+    f, b = 0.3, 0.7
+    result = pipeline_time([f] * stages, [b] * stages, m)
+    assert result.makespan_s == pytest.approx((m + stages - 1) * (f + b))
+
+
+def test_heterogeneous_pipeline_is_paced_by_its_slowest_stage():
+    f, b = [1.0, 3.0, 1.0, 1.0], [2.0, 6.0, 2.0, 2.0]
+    m = 64
+    result = pipeline_time(f, b, m)
+    assert result.critical == "stage 1" and result.period_s == pytest.approx(9.0)
+    # the slow stage works m * 9 s; the first microbatch reaches it after stage 0's forward and the
+    # last gradient leaves it through stage 0's backward; the stages after it add nothing
+    assert result.makespan_s == pytest.approx(1.0 + m * 9.0 + 2.0)
+    assert result.makespan_s == pytest.approx(reference(f, b, m)[0])
+
+
+def test_long_round_trip_sets_the_pace():
+    """With a long link, stage 0 can keep only P - 0 microbatches in flight: the loop paces."""
+    f, b, latency = [0.05, 0.05], [0.1, 0.1], [0.2]
+    per, critical = period(f, b, latency, [0.0], [0.0])
+    assert critical == "loop 0-1"
+    assert per == pytest.approx((0.3 + 2 * 0.2) / 2)
+    result = pipeline_time(f, b, 100, latency)
+    assert result.makespan_s == pytest.approx(reference(f, b, 100, latency)[0], rel=0.005)
+
+
+def test_slow_link_channel_paces():
+    per, critical = period([0.05, 0.05], [0.1, 0.1], [0.0], [0.5], [0.1])
+    assert (per, critical) == (0.5, "link 0->1 (forward)")
+    # the loop through both stages and both channels carries two microbatches: (0.3 + 0.6) / 2 < 0.5
+    per, critical = period([0.1, 0.1], [0.2, 0.2], [0.0], [0.5], [0.1])
+    assert (per, critical) == (pytest.approx(0.6), "loop 0-1")
+
+
+def test_fast_model_against_full_simulation():
+    rng = random.Random(7)
+    errors = []
+    for _ in range(1500):
+        f, b, latency, fwd, bwd = random_pipeline(rng)
+        m = rng.randint(1, 64)
+        fast = pipeline_time(f, b, m, latency, fwd, bwd)
+        full, ends = reference(f, b, m, latency, fwd, bwd)
+        errors.append((fast.makespan_s - full) / full)
+        assert fast.stage_end_s[0] == pytest.approx(fast.makespan_s)
+    assert statistics.mean(abs(e) for e in errors) < 0.002
+    assert max(abs(e) for e in errors) < 0.04
