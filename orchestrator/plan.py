@@ -105,11 +105,23 @@ class Plan:
         "compression of the cross-region hop", default="none"
     )
     streams: int = _help("parallel TCP streams per cross-region link", default=8)
+    pipeline_warmup: tuple[int, ...] | None = _help(
+        "warm-up microbatches per stage (non-increasing); default: standard 1F1B, P - s - 1. More hides "
+        "long links at the cost of activation memory",
+        default=None,
+    )
     pipeline_microbatches: tuple[int, ...] | None = _help(
         "microbatches per pipeline when pipelines get unequal shares; must add up to "
         "global_batch_size / microbatch_size",
         default=None,
     )
+
+    @property
+    def warmup(self) -> tuple[int, ...]:
+        """Warm-up forwards per stage: the plan's, or standard 1F1B's ``P - s - 1``."""
+        if self.pipeline_warmup is not None:
+            return self.pipeline_warmup
+        return tuple(self.num_stages - s - 1 for s in range(self.num_stages))
 
     @property
     def num_stages(self) -> int:
@@ -229,10 +241,11 @@ class Plan:
             for replica in stage["replicas"]:
                 if replica["instance_type"] is None:
                     del replica["instance_type"]
-        if self.pipeline_microbatches is None:
-            del document["pipeline_microbatches"]
-        else:
-            document["pipeline_microbatches"] = list(self.pipeline_microbatches)
+        for optional in ("pipeline_microbatches", "pipeline_warmup"):
+            if document[optional] is None:
+                del document[optional]
+            else:
+                document[optional] = list(document[optional])
         return document
 
     def to_yaml(self) -> str:
@@ -315,6 +328,18 @@ def check_plan(plan: Plan, doc: YamlDoc | None = None) -> None:
         expected_start = end
         _check_replicas(plan, index, stage, fail)
     _check_batch(plan, fail)
+    warmup = plan.pipeline_warmup
+    if warmup is not None and (
+        len(warmup) != plan.num_stages
+        or min(warmup) < 0
+        or any(a < b for a, b in zip(warmup, warmup[1:], strict=False))
+    ):
+        fail(
+            ("pipeline_warmup",),
+            f"needs {plan.num_stages} counts >= 0 that do not increase along the "
+            f"pipeline, got {list(warmup)}",
+            "write e.g. [3, 2, 1, 0] (standard 1F1B), or remove it",
+        )
     if not 1 <= plan.streams <= 256:
         fail(("streams",), f"streams must be from 1 to 256, got {plan.streams}", "write e.g. 8")
     if plan.compression != "none" and plan.allreduce == "flat":

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.catalog import Catalog
-from orchestrator.cli import catalog_cmd, recipe_cmd
+from orchestrator.cli import catalog_cmd, recipe_cmd, simulate_cmd
 from orchestrator.errors import USER_ERROR_EXIT_CODE, NotBuiltError, UserError
 
 NOT_BUILT_EXIT_CODE = 3
@@ -26,7 +26,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m orchestrator",
         description="Train one model on spot GPUs spread over zones, regions and clouds: validate recipes, "
-        "query the catalog, plan, simulate, submit.",
+        "query the catalog, simulate plans, plan, submit.",
         formatter_class=_Formatter,
         epilog="examples:\n  python -m orchestrator validate recipes/quickstart.yaml\n"
         "  python -m orchestrator catalog offers --gpu A100 --json\n"
@@ -42,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     recipe_cmd.add_validate(commands, _Formatter)
     catalog_cmd.add_parser(commands, _Formatter)
+    simulate_cmd.add_simulate(commands, _Formatter)
     recipe_cmd.add_pending(commands, _Formatter)
     return parser
 

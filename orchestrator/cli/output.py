@@ -14,6 +14,8 @@ def format_cell(value: Any) -> str:
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, float):
+        if value != 0 and abs(value) < 0.001:
+            return f"{value:.3g}"
         return f"{value:,.4f}".rstrip("0").rstrip(".") if abs(value) < 1000 else f"{value:,.0f}"
     return str(value)
 

@@ -99,13 +99,6 @@ PENDING = {
         "print the ranked plans and write the best one as plan.yaml",
         "python -m orchestrator plan recipes/quickstart.yaml --top 5",
     ),
-    "simulate": (
-        "predict iteration time, memory per GPU and dollars of a plan",
-        "estimate iteration time with its breakdown (compute per stage, pipeline bubbles, transfers "
-        "between places, data-parallel sync), memory per GPU with an OOM flag, and $/h, egress $ and "
-        "$ per 1M samples of a plan",
-        "python -m orchestrator simulate recipes/quickstart.yaml --plan plan.yaml",
-    ),
     "submit": (
         "run a recipe end to end on the chosen provider",
         "start the driver actor, which polls the market, plans, launches nodes, trains, and re-plans and "

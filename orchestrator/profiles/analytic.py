@@ -59,7 +59,9 @@ class AnalyticSettings:
             compute_efficiency=entry.number("compute_efficiency"),
             memory_efficiency=entry.number("memory_efficiency"),
             layer_overhead_s=entry.number("layer_overhead_s", strictly_positive=False),
-            elementwise_bytes_per_token_hidden=entry.number("elementwise_bytes_per_token_hidden"),
+            elementwise_bytes_per_token_hidden=entry.number(
+                "elementwise_bytes_per_token_hidden", strictly_positive=False
+            ),
             source=entry.text("source"),
         )
         entry.done()

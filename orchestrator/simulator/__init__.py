@@ -9,13 +9,14 @@ estimate.to_dict()
 from __future__ import annotations
 
 from orchestrator.catalog import Catalog, OfferTable
-from orchestrator.simulator.core import simulate
+from orchestrator.simulator.core import latency_aware_plan_warmup, simulate
 from orchestrator.simulator.environment import NetworkView, PriceView
 from orchestrator.simulator.estimate import Estimate
 from orchestrator.simulator.settings import SimulatorSettings, load_settings
 from orchestrator.simulator.validate import check_plan_runs, normalize_plan
 
 __all__ = [
+    "latency_aware_plan_warmup",
     "Estimate",
     "NetworkView",
     "PriceView",

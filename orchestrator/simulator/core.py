@@ -33,7 +33,7 @@ from orchestrator.simulator.estimate import (
     StageTime,
 )
 from orchestrator.simulator.memory import memory_terms
-from orchestrator.simulator.pipeline import PipelineTime, pipeline_time
+from orchestrator.simulator.pipeline import PipelineTime, latency_aware_warmup, pipeline_time
 from orchestrator.simulator.settings import SimulatorSettings
 
 SOURCE_RANK = {"measured": 0, "imported": 1, "estimated": 2}
@@ -93,9 +93,25 @@ def _pipeline(
     egress: dict,
     count: int,
 ) -> tuple[PipelineTime, list[float]]:
-    """Timing of pipeline ``i`` and, per link, the time to send one activation."""
+    """Timing of pipeline ``i`` and, per link, the time to send one activation; adds its transfers
+    (times ``count`` identical pipelines) to ``egress``."""
+    f, b, latency, fwd, bwd = _pipeline_inputs(profile, plan, i, compute, network, egress, count)
+    sends = [lat + occupy for lat, occupy in zip(latency, fwd, strict=True)]
+    return pipeline_time(f, b, plan.microbatches()[i], latency, fwd, bwd, plan.warmup), sends
+
+
+def _pipeline_inputs(
+    profile: ModelProfile,
+    plan: Plan,
+    i: int,
+    compute: list[list],
+    network: NetworkView,
+    egress: dict | None = None,
+    count: int = 1,
+) -> tuple[list, list, list, list, list]:
+    """Per stage forward and backward seconds; per link latency and channel occupancy each way."""
     stages, kind_of = plan.stages, plan.kind_of
-    f, b, latency, fwd, bwd, sends = [], [], [], [], [], []
+    f, b, latency, fwd, bwd = [], [], [], [], []
     m = plan.microbatches()[i]
     scale = plan.microbatch_size * profile.element_bytes
     streams, link = plan.streams, network.link
@@ -113,12 +129,29 @@ def _pipeline(
             latency.append(lat_f if lat_f > lat_b else lat_b)
             fwd.append(size / bw_f)
             bwd.append(size / bw_b)
-            sends.append(lat_f + size / bw_f)
-            if src != dst:
+            if src != dst and egress is not None:
                 egress[(src, dst)] += size * m * count
                 egress[(dst, src)] += size * m * count
         previous = replica
-    return pipeline_time(f, b, m, latency, fwd, bwd), sends
+    return f, b, latency, fwd, bwd
+
+
+def latency_aware_plan_warmup(
+    profile: ModelProfile, plan: Plan, network: NetworkView
+) -> tuple[int, ...]:
+    """Warm-ups that keep every pipeline of ``plan`` paced by its slowest stage rather than by the
+    round trips of its links (the largest any pipeline needs, stage by stage)."""
+    mbs = plan.microbatch_size
+    compute = [
+        [profile.stage_times(r.gpu, mbs, r.tp, *stage.layers) for r, _ in kinds]
+        for stage, kinds in zip(plan.stages, plan.stage_kinds, strict=True)
+    ]
+    warmup = list(plan.warmup)
+    for i, _ in plan.pipeline_groups:
+        f, b, latency, fwd, bwd = _pipeline_inputs(profile, plan, i, compute, network)
+        for s, w in enumerate(latency_aware_warmup(f, b, latency, fwd, bwd)):
+            warmup[s] = max(warmup[s], w)
+    return tuple(warmup)
 
 
 def _sync(

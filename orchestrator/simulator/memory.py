@@ -5,7 +5,8 @@
 - Optimizer: Adam/AdamW keep two fp32 moments (8 bytes per parameter), SGD one momentum (4); mixed
   precision adds an fp32 master copy (4).
 - Activations: what the stage's layers keep for backward, per sample, times the microbatch size,
-  times the microbatches in flight: under 1F1B stage ``s`` of ``P`` holds up to ``P - s``.
+  times the microbatches in flight: a stage holds its warm-up plus one (under standard 1F1B, stage
+  ``s`` of ``P`` holds up to ``P - s``).
 - Buffers: the activation and gradient a stage receives and sends (one microbatch each way), and the
   gradient-sync buffers: two buckets for a flat ring; a flat gradient copy for the hierarchical
   scheme, plus an fp32 error-feedback residual and the compressed copy when the cross-region hop is
@@ -38,7 +39,7 @@ def memory_terms(
     params, kept, received, sent = profile.stage_facts(tp, start, end)
     element = profile.element_bytes
     mbs = plan.microbatch_size
-    activations = kept * mbs * min(plan.num_stages - stage_index, microbatches)
+    activations = kept * mbs * min(plan.warmup[stage_index] + 1, microbatches)
     transfers = 2 * (received + sent) * mbs * element  # activation in and out, and their gradients
     gradient_bytes = params * element
     if plan.dp_degree < 2:

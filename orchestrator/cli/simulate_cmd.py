@@ -1,0 +1,150 @@
+"""``python -m orchestrator simulate RECIPE --plan PLAN.yaml [--json]``: predict a plan."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from orchestrator.catalog import Catalog
+from orchestrator.cli.output import format_table, print_json
+from orchestrator.plan import Plan, PlanError, load_plan
+from orchestrator.profiles import profile_for_recipe
+from orchestrator.recipe import Recipe, load_recipe
+from orchestrator.simulator import Estimate, check_plan_runs, normalize_plan, simulate, views_for
+from orchestrator.simulator.core import describe_bottleneck
+
+GIB = 1024**3
+
+
+def add_simulate(commands: argparse._SubParsersAction, formatter: type) -> None:
+    p = commands.add_parser(
+        "simulate",
+        help="predict iteration time, memory per GPU and dollars of a plan",
+        description="Predict a plan for a recipe's model before anything runs: iteration time and its "
+        "breakdown (compute per stage, pipeline fill and drain, transfers between places, "
+        "data-parallel sync, optimizer), peak memory per GPU with an OOM flag, $/h, egress $ "
+        "and $ per 1M samples.",
+        formatter_class=formatter,
+        epilog="example:\n  python -m orchestrator simulate recipes/sailor-opt350m-gcp-zones.yaml "
+        "--plan recipes/plans/sailor-opt350m-4zones.yaml",
+    )
+    p.add_argument(
+        "recipe", type=Path, metavar="RECIPE", help="the recipe (model, batch, precision, provider)"
+    )
+    p.add_argument(
+        "--plan", type=Path, required=True, metavar="PLAN", help="a plan .yaml (docs/plan.md)"
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(run=run_simulate)
+
+
+def estimate_plan(recipe: Recipe, plan: Plan, catalog: Catalog) -> tuple[Plan, Estimate]:
+    """Check ``plan`` against the recipe, the catalog and the profile, then simulate it."""
+    plan = normalize_plan(plan, catalog)
+    if plan.global_batch_size != recipe.training.global_batch_size:
+        raise PlanError(
+            f"the plan's global_batch_size {plan.global_batch_size} differs from the recipe's "
+            f"{recipe.training.global_batch_size}",
+            field="global_batch_size",
+            fix="use the recipe's global batch size in the plan",
+        )
+    market = catalog.market(recipe.provider, Path(recipe.market) if recipe.market else None)
+    network, prices, settings = views_for(catalog, market)
+    gpus = {r.gpu for stage in plan.stages for r in stage.replicas}
+    tps = {r.tp for stage in plan.stages for r in stage.replicas}
+    profile = profile_for_recipe(
+        recipe, gpus, catalog, microbatch_sizes=[plan.microbatch_size], tp_degrees=tps
+    )
+    check_plan_runs(plan, profile, network, prices)
+    return plan, simulate(profile, plan, network=network, prices=prices, settings=settings)
+
+
+def run_simulate(args: argparse.Namespace, catalog: Catalog) -> int:
+    recipe = load_recipe(args.recipe, catalog=catalog)
+    plan, estimate = estimate_plan(recipe, load_plan(args.plan), catalog)
+    if args.json:
+        print_json({"recipe": recipe.name, "plan": str(args.plan), **estimate.to_dict()})
+        return 0
+    _print_estimate(plan, estimate)
+    return 0
+
+
+def _print_estimate(plan: Plan, e: Estimate) -> None:
+    gpus = ", ".join(f"{g} ({source})" for g, source in e.profile_sources)
+    print(
+        f"plan: {plan.num_stages} stages x {plan.dp_degree} replicas, {plan.total_gpus} GPUs; microbatch "
+        f"{plan.microbatch_size}, {max(e.microbatches)} microbatches per pipeline; {plan.allreduce} all-reduce"
+        + (f", {plan.compression} cross-region" if plan.compression != "none" else "")
+    )
+    print(f"profile: {gpus}")
+    tokens = f", {e.tokens_per_s:,.0f} tokens/s" if e.tokens_per_s else ""
+    print(f"\niteration {e.iteration_time_s:.4g} s: {e.samples_per_s:,.2f} samples/s{tokens}")
+    print(
+        f"pipeline {e.pipeline_s:.4g} s: {e.period_s * 1000:.4g} ms per microbatch set by "
+        f"{describe_bottleneck(plan, e.bottleneck)}; fill and drain {e.bubble_s:.3g} s"
+    )
+    rows = []
+    for stage in e.stages:
+        mine = [m for m in e.memory if m.stage == stage.stage]
+        worst = max(mine, key=lambda m: m.peak_memory_bytes / m.capacity_bytes)
+        rows.append(
+            (
+                stage.stage,
+                f"{stage.layers[0]}-{stage.layers[1] - 1}",
+                stage.forward_s * 1000,
+                stage.backward_s * 1000,
+                stage.send_s * 1000,
+                stage.dp_sync_s,
+                stage.dp_sync_exposed_s,
+                stage.update_s * 1000,
+                worst.peak_memory_bytes / GIB,
+                worst.capacity_bytes / GIB,
+                "OOM" if any(m.oom for m in mine) else "ok",
+            )
+        )
+    print()
+    print(
+        format_table(
+            (
+                "stage",
+                "layers",
+                "fwd_ms",
+                "bwd_ms",
+                "send_ms",
+                "dp_sync_s",
+                "exposed_s",
+                "update_ms",
+                "peak_gib",
+                "capacity_gib",
+                "memory",
+            ),
+            rows,
+        )
+    )
+    share = (
+        e.egress_usd_per_iteration / e.cost_per_iteration_usd if e.cost_per_iteration_usd else 0.0
+    )
+    print(
+        f"\ncost: ${e.cost_per_hour_usd:,.2f}/h of GPUs; per iteration ${e.compute_usd_per_iteration:.4g} compute "
+        f"+ ${e.egress_usd_per_iteration:.4g} egress = ${e.cost_per_iteration_usd:.4g}; "
+        f"${e.cost_per_million_samples_usd:,.2f} per 1M samples (egress {share:.0%})"
+    )
+    if e.egress:
+        print()
+        print(
+            format_table(
+                ("egress_from", "to", "gb_per_iteration", "usd_per_iteration"),
+                [
+                    (x.src, x.dst, x.bytes_per_iteration / 1e9, x.usd_per_iteration)
+                    for x in e.egress
+                ],
+            )
+        )
+    print(
+        f"\ngranularity {e.granularity:.3g} (compute / communication): doubling the GPUs would give at most "
+        f"{e.speedup_if_doubled:.2f}x"
+    )
+    if e.oom:
+        print("\nOOM: some replicas do not fit their GPU's memory (peak_gib > capacity_gib)")
+    for note in e.notes:
+        print(f"note: {note}")
