@@ -1,45 +1,75 @@
-"""Fit the analytic profile estimate's four factors to SAILOR's measured per-layer times.
+"""Fit the analytic profile estimate (configs/simulator.yaml, section ``analytic``) to SAILOR's profiles.
 
-Usage: python bench/calibrate_analytic.py [--current] [--write]
+Usage: python bench/calibrate_analytic.py [--current] [--write] [--points]
 
-The four numbers of configs/simulator.yaml, section ``analytic`` (compute_efficiency,
-memory_efficiency, layer_overhead_s, elementwise_bytes_per_token_hidden), are fitted to the forward
-and backward times of the transformer BLOCK layers (not the embedding or the head) that SAILOR
-measured with Megatron-DeepSpeed in fp16 (configs/profiles/sailor/<model>/<gpu>/profile.json).
-The blocks of one (model, GPU, microbatch, TP) have near-identical times; their median is one point.
+What is fitted, to what
+  The forward and backward times of the transformer BLOCK layers (not the embedding or the head)
+  that SAILOR measured with Megatron-DeepSpeed in fp16 (configs/profiles/sailor/<model>/<gpu>/
+  profile.json); the blocks of one (model, GPU, microbatch, TP) have near-identical times and their
+  median is one point. Training set: OPT-350 and GPT-Neo-2.7, TP=1, every microbatch size, on every
+  GPU SAILOR profiled them on (A100-40, A100-80, V100-16 both models; GH-96, RTX-2080, RTX-3090,
+  Titan-RTX OPT-350 only). Files whose layer count differs from SAILOR's llm_info.json are skipped
+  (GPT-Neo-2.7 on GH-96 is a copy of OPT-350's). SAILOR's folder names map to catalog GPUs with
+  ``catalog.gpus.find``.
 
-- Training set: OPT-350 and GPT-Neo-2.7 on A100-40 and V100-16, TP=1, microbatch sizes 1, 2, 4.
-- Held-out set: the same two models on the other GPUs SAILOR profiled (TP=1, every microbatch),
-  on A100-40 and V100-16 at TP=1 with microbatches outside the training set and at TP=2, and OPT-30
-  and LLAMA-3-8 wherever SAILOR profiled them (every TP and microbatch). Files whose layer count
-  differs from SAILOR's llm_info.json are skipped (GPT-Neo-2.7 on GH-96 is a copy of OPT-350's).
-- Extra (printed as summaries only, not part of either set): OPT-350 and GPT-Neo-2.7 at the
-  remaining TP degrees (TP=2 on the other GPUs, TP>=4 everywhere), mostly a test of the
-  tensor-parallel all-reduce term, which this fit does not tune.
+  Per GPU: compute_efficiency and memory_efficiency. Shared: backward_factor, layer_overhead_s and
+  elementwise_bytes_per_token_hidden. The fit minimises the mean squared log(predicted / measured)
+  (Levenberg-Marquardt, numpy only; efficiencies kept in (0, 1), overhead >= 0).
 
-Predictions come from the project's own estimator (orchestrator.profiles.analytic.analytic_profile),
-so the fitted numbers mean exactly what the simulator uses. The fit minimises the mean squared
-log(predicted / measured) over the training points: a coarse grid, then a Nelder-Mead (numpy only)
-from the best grid points, within the bounds efficiencies (0, 1], overhead [0, 2e-3] s, elementwise
-factor [0, 200]. The fitted values are rounded to 3 significant figures and the errors printed are
-those of the rounded values, i.e. of what configs/simulator.yaml holds.
+What the data cannot tell apart (the fit says so instead of pretending)
+  - Within one model every term of the estimate is linear in the microbatch size, so one model on
+    one GPU fixes only the sum "compute time + memory time" per microbatch: memory_efficiency is
+    identifiable only on GPUs with both models. The GPUs with OPT-350 only get the median of the
+    identifiable GPUs' memory_efficiency (which is ``default``), and their compute_efficiency
+    absorbs the rest.
+  - elementwise_bytes_per_token_hidden trades exactly against the per-GPU efficiencies (2 models x
+    3 GPUs give 6 slopes for 7 unknowns): the objective is flat in it until an efficiency reaches 1.
+    It is profiled on a grid and the smallest value within 0.1% of the best objective is kept.
+  - ``default`` efficiencies (GPUs SAILOR never measured) are the medians of the per-GPU fits.
+
+Evaluation
+  - in-sample errors, per GPU and model;
+  - leave one model out, two ways: (a) per GPU that has both models, drop one model on that GPU,
+    refit everything else, predict the dropped cell (the situation of GH200 and the RTX GPUs, which
+    SAILOR profiled with one model); (b) fit on one model only (every GPU) and predict the other,
+    where memory_efficiency must be assumed: shown for several assumed values;
+  - the small models at TP>1 (tests the tensor-parallel all-reduce term, which is not fitted);
+  - OPT-30 and LLAMA-3-8, reported apart: SAILOR's data for them look inconsistent (see the
+    diagnostics printed: achieved FLOPS, and the shape SAILOR actually profiled for LLAMA-3-8).
+
+update_memory_efficiency (the optimizer step, ``update_seconds``)
+  SAILOR's ``u`` is the same on every layer of a file. orchestrator/profiles/sailor.py reads it as
+  the optimizer step of the whole model; SAILOR's profiler (third_party/Megatron-DeepSpeed/
+  profile.sh: ``--num-layers 2``; megatron/training.py writes DeepSpeed's step timer as ``u``; read
+  in the copy of SAILOR at github.com/saha18uiuc/sailor, 13b79423) ran a model of the embedding,
+  TWO blocks and the head; LLAMA-3-8 was run at seq 8192 (profile_all.py). The fit is printed both ways, with the parameters
+  per GPU of the whole model (as sailor.py reads it) and of the profiled 2-block model, and the
+  second is the one written (the first needs more than the GPU's peak bandwidth). Training: the
+  non-zero ``u`` of OPT-350 and GPT-Neo-2.7 (median over microbatch sizes, every TP); held out:
+  OPT-30 and LLAMA-3-8.
+
+Predictions come from the project's estimator (orchestrator.profiles.analytic.analytic_profile):
+its per-point parts (compute, attention-score traffic, hidden traffic, TP all-reduce) are read off
+the estimator once and recombined for the search; every error printed for the written values is
+recomputed through the estimator itself (and checked to agree). Values are rounded to 3 significant
+figures; the errors printed are those of the rounded values, i.e. of what simulator.yaml holds.
 
 --current evaluates the values now in configs/simulator.yaml instead of fitting.
---write   puts the fitted (rounded) values into configs/simulator.yaml; only the four numbers of
-          the analytic section change (the calibration source's note is edited by hand).
+--write   puts the fitted (rounded) values into configs/simulator.yaml; only the keys of the
+          analytic section change (the calibration source's note is edited by hand).
+--points  prints every point, not only summaries.
 """
 
 from __future__ import annotations
 
 import argparse
-import itertools
+import dataclasses
 import json
 import math
-import re
 import statistics
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -49,23 +79,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from orchestrator.catalog import default_catalog  # noqa: E402
 from orchestrator.catalog.gpus import GpuSpec  # noqa: E402
 from orchestrator.profiles import analytic_settings  # noqa: E402
-from orchestrator.profiles.analytic import AnalyticSettings, analytic_profile  # noqa: E402
+from orchestrator.profiles.analytic import (  # noqa: E402
+    AnalyticSettings,
+    PerGpu,
+    analytic_profile,
+    update_seconds,
+)
 from runtime.models.specs import BUILTIN_MODELS, GptSpec  # noqa: E402
 
 TRAIN_MODELS = ("OPT-350", "GPT-Neo-2.7")
-TRAIN_GPUS = ("A100-40", "V100-16")
-TRAIN_MBS = (1, 2, 4)
-HELD_OUT_ONLY_MODELS = ("OPT-30", "LLAMA-3-8")
-
-# (lower, upper) of each factor, in the order of FACTORS.
-FACTORS = (
-    "compute_efficiency",
-    "memory_efficiency",
-    "layer_overhead_s",
-    "elementwise_bytes_per_token_hidden",
-)
-BOUNDS = ((1e-3, 1.0), (1e-3, 1.0), (0.0, 2e-3), (0.0, 200.0))
+SUSPECT_MODELS = ("OPT-30", "LLAMA-3-8")
 PASSES = ("fwd", "bwd")
+ELEMENTWISE_GRID = (0.0, 2.0, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 80.0, 100.0)
+FLAT = 1e-3  # relative tolerance of "as good as the best" on the elementwise grid
+INF = float("inf")
 
 
 @dataclass(frozen=True)
@@ -78,21 +105,23 @@ class Point:
     mbs: int
     passname: str  # fwd | bwd
     measured_s: float
-    group: str
+    group: str  # train | tp>1 | OPT-30 | LLAMA-3-8
 
 
 # ---------------------------------------------------------------------------------------------
 # SAILOR's data
 
 
+def sailor_specs() -> dict[str, GptSpec]:
+    return {s.sailor_name: s for s in BUILTIN_MODELS.values() if getattr(s, "sailor_name", None)}
+
+
 def load_points(catalog) -> tuple[list[Point], list[str]]:
     """Median block time of every usable (model, GPU, mbs, TP, pass) SAILOR published."""
     root = catalog.configs_dir / "profiles" / "sailor"
     info = json.loads((root / "llm_info.json").read_text(encoding="utf-8"))
-    specs = {s.sailor_name: s for s in BUILTIN_MODELS.values() if getattr(s, "sailor_name", None)}
     points, notes = [], []
-    for model in sorted(specs):
-        spec = specs[model]
+    for model, spec in sorted(sailor_specs().items()):
         layers_expected = {len(v) for v in info[model].values()}
         folder_root = root / model
         if not folder_root.is_dir():
@@ -120,166 +149,223 @@ def load_points(catalog) -> tuple[list[Point], list[str]]:
                     # Blocks are layers 1..num_blocks (LLAMA-3-8 has a final norm after them).
                     blocks = [by_layer[str(i)] for i in range(1, spec.num_blocks + 1)]
                     mbs, tp = int(mbs_key), int(tp_key)
+                    if model in SUSPECT_MODELS:
+                        group = model
+                    else:
+                        group = "train" if tp == 1 else "tp>1"
                     for index, passname in enumerate(PASSES):
                         measured = statistics.median(float(b[index]) for b in blocks)
-                        group = classify(model, child.name, tp, mbs)
                         points.append(
                             Point(model, spec, child.name, gpu, tp, mbs, passname, measured, group)
                         )
     return points, notes
 
 
-def classify(model: str, folder: str, tp: int, mbs: int) -> str:
-    """train | held-out: <what> | extra: <what>."""
-    if model in HELD_OUT_ONLY_MODELS:
-        return f"held-out: {model}, all TP"
-    if folder in TRAIN_GPUS:
-        if tp == 1:
-            return "train" if mbs in TRAIN_MBS else "held-out: training GPUs, TP=1, other mbs"
-        if tp == 2:
-            return "held-out: training GPUs, TP=2"
-        return "extra: small models, TP>=4"
-    if tp == 1:
-        return "held-out: other GPUs, TP=1"
-    if tp == 2:
-        return "extra: small models, other GPUs, TP=2"
-    return "extra: small models, TP>=4"
-
-
 # ---------------------------------------------------------------------------------------------
 # Predictions through the project's estimator
 
 
-def make_settings(values) -> AnalyticSettings:
+def block_times(points: list[Point], settings: AnalyticSettings, spec_for=None) -> np.ndarray:
+    """The estimator's block time of each point (its pass), one analytic_profile per (model, GPU)."""
+    out = np.empty(len(points))
+    groups: dict[tuple[str, str], list[int]] = {}
+    for i, p in enumerate(points):
+        groups.setdefault((p.model, p.folder), []).append(i)
+    for indices in groups.values():
+        first = points[indices[0]]
+        spec = spec_for(first) if spec_for else first.spec
+        profile = analytic_profile(
+            spec,
+            [first.gpu],
+            precision="fp16-mixed",
+            optimizer="adam",
+            microbatch_sizes=sorted({points[i].mbs for i in indices}),
+            tp_degrees=sorted({points[i].tp for i in indices}),
+            settings=settings,
+        )
+        for i in indices:
+            p = points[i]
+            table = profile.time_table(first.gpu.name, p.mbs, p.tp)
+            times = table.forward_s if p.passname == "fwd" else table.backward_s
+            out[i] = times[1]  # every block of the analytic estimate has the same time
+    return out
+
+
+def plain_settings(
+    ce, me, *, overhead=0.0, elementwise=0.0, backward=1.0, update=None
+) -> AnalyticSettings:
     return AnalyticSettings(
-        **dict(zip(FACTORS, (float(v) for v in values), strict=True)), source="calibration"
+        compute_efficiency=ce,
+        memory_efficiency=me,
+        layer_overhead_s=overhead,
+        elementwise_bytes_per_token_hidden=elementwise,
+        backward_factor=backward,
+        update_memory_efficiency=update,
+        source="calibration",
     )
 
 
-class Predictor:
-    """Predicted block times of a fixed set of points, for any candidate settings."""
+class Parts:
+    """Per point, the estimate's parts at efficiency 1, read off the estimator:
+    t = overhead + f x (compute / ce + (attention + E x hidden) / me) + all-reduce,
+    f = backward_factor for backward points, 1 for forward ones."""
 
-    def __init__(self, points: list[Point]) -> None:
-        self.points = points
-        self.groups: dict[tuple[str, str], list[int]] = {}
-        for i, p in enumerate(points):
-            self.groups.setdefault((p.model, p.folder), []).append(i)
+    def __init__(self, points: list[Point], spec_for=None) -> None:
+        fwd = [dataclasses.replace(p, passname="fwd") for p in points]
+
+        def at(settings):
+            return block_times(fwd, settings, spec_for)
+
+        self.comm = at(plain_settings(INF, INF))
+        self.compute = at(plain_settings(1.0, INF)) - self.comm
+        self.attention = at(plain_settings(INF, 1.0)) - self.comm
+        self.hidden = at(plain_settings(INF, 1.0, elementwise=1.0)) - self.comm - self.attention
+        self.backward = np.array([p.passname == "bwd" for p in points])
         self.measured = np.array([p.measured_s for p in points])
+        self.gpus = [p.gpu.name for p in points]
 
-    def predict(self, settings: AnalyticSettings) -> np.ndarray:
-        out = np.empty(len(self.points))
-        for indices in self.groups.values():
-            first = self.points[indices[0]]
-            profile = analytic_profile(
-                first.spec,
-                [first.gpu],
-                precision="fp16-mixed",
-                optimizer="adam",
-                microbatch_sizes=sorted({self.points[i].mbs for i in indices}),
-                tp_degrees=sorted({self.points[i].tp for i in indices}),
-                settings=settings,
-            )
-            block = 1  # every block of the analytic estimate has the same time
-            for i in indices:
-                p = self.points[i]
-                table = profile.time_table(first.gpu.name, p.mbs, p.tp)
-                times = table.forward_s if p.passname == "fwd" else table.backward_s
-                out[i] = times[block]
-        return out
+    def predict(self, ce: np.ndarray, me: np.ndarray, bf: float, ov: float, e: float) -> np.ndarray:
+        f = np.where(self.backward, bf, 1.0)
+        return ov + f * (self.compute / ce + (self.attention + e * self.hidden) / me) + self.comm
 
-    def log_ratios(self, settings: AnalyticSettings) -> np.ndarray:
-        return np.log(self.predict(settings) / self.measured)
+    def predict_settings(self, s: AnalyticSettings) -> np.ndarray:
+        ce = np.array([s.compute_for(g) for g in self.gpus])
+        me = np.array([s.memory_for(g) for g in self.gpus])
+        return self.predict(
+            ce, me, s.backward_factor, s.layer_overhead_s, s.elementwise_bytes_per_token_hidden
+        )
 
 
 # ---------------------------------------------------------------------------------------------
 # The fit
 
 
-def clip(values) -> np.ndarray:
-    return np.array([min(max(v, lo), hi) for v, (lo, hi) in zip(values, BOUNDS, strict=True)])
-
-
-def to_free(values) -> np.ndarray:
-    """Search coordinates of comparable scale: log efficiencies, overhead in ms, factor / 100."""
-    ce, me, ov, e = values
-    return np.array([math.log(ce), math.log(me), ov * 1e3, e / 100.0])
-
-
-def from_free(x) -> np.ndarray:
-    return clip([math.exp(min(x[0], 0.0)), math.exp(min(x[1], 0.0)), x[2] * 1e-3, x[3] * 100.0])
-
-
-def nelder_mead(f, x0, *, step, max_evals=4000, tol=1e-12):
-    """Plain Nelder-Mead (reflection 1, expansion 2, contraction 0.5, shrink 0.5)."""
-    n = len(x0)
-    simplex = [np.asarray(x0, dtype=float)]
-    for i in range(n):
-        x = simplex[0].copy()
-        x[i] += step[i]
-        simplex.append(x)
-    values = [f(x) for x in simplex]
-    evals = n + 1
-    while evals < max_evals:
-        order = np.argsort(values)
-        simplex = [simplex[i] for i in order]
-        values = [values[i] for i in order]
-        if abs(values[-1] - values[0]) <= tol * (abs(values[0]) + tol):
+def levenberg_marquardt(residuals, x0, *, iterations=300):
+    """Minimise sum(residuals(x)^2); forward-difference Jacobian."""
+    x = np.asarray(x0, dtype=float)
+    r = residuals(x)
+    cost = float(r @ r)
+    damping = 1e-3
+    for _ in range(iterations):
+        jac = np.empty((len(r), len(x)))
+        for j in range(len(x)):
+            h = 1e-6 * max(1.0, abs(x[j]))
+            step = x.copy()
+            step[j] += h
+            jac[:, j] = (residuals(step) - r) / h
+        grad, hess = jac.T @ r, jac.T @ jac
+        while True:
+            delta = np.linalg.solve(hess + damping * np.diag(np.diag(hess) + 1e-12), -grad)
+            trial = x + delta
+            r_trial = residuals(trial)
+            c_trial = float(r_trial @ r_trial)
+            if c_trial < cost:
+                converged = cost - c_trial < 1e-14 * max(cost, 1e-30)
+                x, r, cost = trial, r_trial, c_trial
+                damping = max(damping / 3, 1e-12)
+                break
+            damping *= 4
+            if damping > 1e12:
+                return x, cost
+        if converged or np.max(np.abs(delta)) < 1e-10:
             break
-        centroid = np.mean(simplex[:-1], axis=0)
-        reflected = centroid + (centroid - simplex[-1])
-        fr = f(reflected)
-        evals += 1
-        if fr < values[0]:
-            expanded = centroid + 2.0 * (centroid - simplex[-1])
-            fe = f(expanded)
-            evals += 1
-            simplex[-1], values[-1] = (expanded, fe) if fe < fr else (reflected, fr)
-        elif fr < values[-2]:
-            simplex[-1], values[-1] = reflected, fr
-        else:
-            inside = fr >= values[-1]
-            contracted = centroid + (
-                0.5 * (simplex[-1] - centroid) if inside else 0.5 * (reflected - centroid)
-            )
-            fc = f(contracted)
-            evals += 1
-            if fc < min(fr, values[-1]):
-                simplex[-1], values[-1] = contracted, fc
-            else:
-                for i in range(1, n + 1):
-                    simplex[i] = simplex[0] + 0.5 * (simplex[i] - simplex[0])
-                    values[i] = f(simplex[i])
-                evals += n
-    best = int(np.argmin(values))
-    return simplex[best], values[best], evals
+    return x, cost
 
 
-def fit(predictor: Predictor) -> tuple[np.ndarray, float, int]:
-    def objective_values(values) -> float:
-        return float(np.mean(predictor.log_ratios(make_settings(values)) ** 2))
+def _unit(z):  # (-inf, inf) -> (0, 1)
+    return 1.0 / (1.0 + np.exp(z))
 
-    grid = itertools.product(
-        np.geomspace(0.02, 1.0, 12),
-        np.geomspace(0.02, 1.0, 12),
-        (0.0, 0.25e-3, 0.5e-3, 1e-3, 2e-3),
-        (0.0, 10.0, 25.0, 50.0, 100.0, 200.0),
-    )
-    scored = sorted((objective_values(v), tuple(v)) for v in grid)
-    evals = 12 * 12 * 5 * 6
-    best_x, best_f = None, math.inf
-    for _, start in scored[:4]:
-        x, fx, n = nelder_mead(
-            lambda z: objective_values(from_free(z)), to_free(start), step=[0.3, 0.3, 0.2, 0.2]
+
+def _softplus(z):
+    return np.log1p(np.exp(-abs(z))) + max(z, 0.0)
+
+
+@dataclass
+class Fit:
+    compute: dict[str, float]  # catalog GPU -> compute_efficiency
+    memory: dict[str, float]  # catalog GPU -> memory_efficiency, identifiable GPUs only
+    memory_default: float  # every other GPU's
+    backward_factor: float
+    overhead_s: float
+    elementwise: float
+    objective: float  # mean squared log-ratio
+
+    def settings(self, update=None, *, rounded=False) -> AnalyticSettings:
+        r = round_sig if rounded else float
+        ce = {"default": r(statistics.median(self.compute.values()))}
+        ce.update({g: r(v) for g, v in sorted(self.compute.items())})
+        me = {"default": r(self.memory_default)}
+        me.update({g: r(v) for g, v in sorted(self.memory.items())})
+        return plain_settings(
+            ce,
+            me,
+            overhead=r(self.overhead_s),
+            elementwise=r(self.elementwise),
+            backward=r(self.backward_factor),
+            update=None if update is None else r(update),
         )
-        evals += n
-        # Restart once from the result: Nelder-Mead can stall on a bound.
-        x, fx, n = nelder_mead(
-            lambda z: objective_values(from_free(z)), x, step=[0.05, 0.05, 0.05, 0.05]
-        )
-        evals += n
-        if fx < best_f:
-            best_x, best_f = x, fx
-    return from_free(best_x), best_f, evals
+
+
+def fit(
+    parts: Parts,
+    index: np.ndarray,
+    points: list[Point],
+    elementwise: float,
+    *,
+    memory_prior: float | None = None,
+) -> Fit:
+    """Per-GPU efficiencies and shared factors on the points ``index``, elementwise factor fixed.
+
+    memory_efficiency is fitted on GPUs with two models among the points; the others take the
+    median of those (or ``memory_prior`` for all GPUs when given)."""
+    models_on: dict[str, set[str]] = {}
+    for i in index:
+        models_on.setdefault(points[i].gpu.name, set()).add(points[i].model)
+    gpus = sorted(models_on)
+    both = [] if memory_prior is not None else [g for g in gpus if len(models_on[g]) > 1]
+    if memory_prior is None and not both:
+        raise ValueError("memory_efficiency is not identifiable without a GPU with two models")
+    sub_gpus = [parts.gpus[i] for i in index]
+    pos = {g: k for k, g in enumerate(gpus)}
+    gpu_of = np.array([pos[g] for g in sub_gpus])
+    measured = parts.measured[index]
+    view = _Subset(parts, index)
+
+    def unpack(x):
+        ce = {g: float(_unit(x[k])) for k, g in enumerate(gpus)}
+        me = {g: float(_unit(x[len(gpus) + k])) for k, g in enumerate(both)}
+        default = statistics.median(me.values()) if both else memory_prior
+        bf, ov = float(x[-2]), float(_softplus(x[-1])) * 1e-3
+        return ce, me, default, bf, ov
+
+    def residuals(x):
+        ce, me, default, bf, ov = unpack(x)
+        ce_v = np.array([ce[g] for g in gpus])[gpu_of]
+        me_v = np.array([me.get(g, default) for g in gpus])[gpu_of]
+        return np.log(view.predict(ce_v, me_v, bf, ov, elementwise) / measured)
+
+    z0 = math.log(1 / 0.3 - 1)
+    x0 = [z0] * len(gpus) + [math.log(1 / 0.15 - 1)] * len(both) + [2.3, 0.0]
+    x, cost = levenberg_marquardt(residuals, x0)
+    ce, me, default, bf, ov = unpack(x)
+    return Fit(ce, me, default, bf, ov, elementwise, cost / len(index))
+
+
+class _Subset:
+    def __init__(self, parts: Parts, index: np.ndarray) -> None:
+        self.compute, self.attention = parts.compute[index], parts.attention[index]
+        self.hidden, self.comm = parts.hidden[index], parts.comm[index]
+        self.backward = parts.backward[index]
+
+    predict = Parts.predict
+
+
+def fit_profiled(parts, index, points) -> tuple[Fit, list[Fit]]:
+    """Fit on the elementwise grid; keep the smallest factor as good as the best (within FLAT)."""
+    fits = [fit(parts, index, points, e) for e in ELEMENTWISE_GRID]
+    best = min(f.objective for f in fits)
+    chosen = next(f for f in fits if f.objective <= best * (1 + FLAT) + 1e-15)
+    return chosen, fits
 
 
 def round_sig(value: float, digits: int = 3) -> float:
@@ -289,19 +375,108 @@ def round_sig(value: float, digits: int = 3) -> float:
 
 
 # ---------------------------------------------------------------------------------------------
+# The optimizer step
+
+
+@dataclass(frozen=True)
+class UpdatePoint:
+    model: str
+    folder: str
+    gpu: GpuSpec
+    tp: int
+    measured_s: float
+    whole_params: float  # per GPU, the whole model (as orchestrator/profiles/sailor.py reads u)
+    profiled_params: float  # per GPU, the model SAILOR's profiler ran: embedding, 2 blocks, head
+
+
+def load_update_points(catalog) -> list[UpdatePoint]:
+    root = catalog.configs_dir / "profiles" / "sailor"
+    info = json.loads((root / "llm_info.json").read_text(encoding="utf-8"))
+    out = []
+    for model, spec in sorted(sailor_specs().items()):
+        for child in sorted((root / model).iterdir()) if (root / model).is_dir() else []:
+            path = child / "profile.json"
+            gpu = catalog.gpus.find(child.name)
+            if not path.is_file() or gpu is None:
+                continue
+            raw = json.loads(path.read_text(encoding="utf-8"))
+            by_tp: dict[int, list[float]] = {}
+            for by_layer_tp in raw.values():
+                for tp_key, by_layer in by_layer_tp.items():
+                    if tp_key not in info[model] or len(by_layer) != len(info[model][tp_key]):
+                        continue
+                    u = float(by_layer["0"][2])
+                    if u > 0:
+                        by_tp.setdefault(int(tp_key), []).append(u)
+            for tp, values in sorted(by_tp.items()):
+                layer = info[model][str(tp)]
+                emb, block = layer["0"]["params_floats"], layer["1"]["params_floats"]
+                # Tied models list the word embeddings again in the head; the optimizer steps them once.
+                tail = (
+                    0
+                    if spec.tied_embeddings
+                    else sum(
+                        layer[str(i)]["params_floats"]
+                        for i in range(spec.num_blocks + 1, len(layer))
+                    )
+                )
+                out.append(
+                    UpdatePoint(
+                        model,
+                        child.name,
+                        gpu,
+                        tp,
+                        statistics.median(values),
+                        emb + spec.num_blocks * block + tail,
+                        emb + 2 * block + tail,
+                    )
+                )
+    return out
+
+
+def update_at_one(p: UpdatePoint, params: float) -> float:
+    one = plain_settings(1.0, 1.0, update=1.0)
+    return update_seconds(p.gpu, params, optimizer="adam", precision="fp16-mixed", settings=one)
+
+
+def fit_update(points: list[UpdatePoint], which: str) -> float:
+    """Least squares of log(predicted / measured): the geometric mean of the needed efficiencies."""
+    logs = [math.log(update_at_one(p, getattr(p, which)) / p.measured_s) for p in points]
+    return math.exp(sum(logs) / len(logs))
+
+
+# ---------------------------------------------------------------------------------------------
 # Report
 
 
-def summary(ratios: np.ndarray) -> str:
-    dev = np.abs(ratios - 1.0)
-    return (
-        f"n={len(ratios):3d}  median |ratio-1|={np.median(dev):6.1%}  max |ratio-1|={dev.max():7.1%}"
-        f"  mean log-ratio={np.mean(np.log(ratios)):+.3f}"
-        f"  worst factor={np.exp(np.max(np.abs(np.log(ratios)))):5.2f}x"
+def dev(ratios) -> str:
+    d = np.abs(np.asarray(ratios) - 1.0)
+    if len(d) == 0:
+        return "n=0"
+    return f"n={len(d):3d}  median |ratio-1| {np.median(d):6.1%}  max {d.max():7.1%}"
+
+
+def by_key_summary(title: str, points: list[Point], ratios: np.ndarray, key) -> None:
+    print(f"\n-- {title} --")
+    print(
+        f"  {'all':34s} {dev(ratios)}   (fwd: {dev(ratios[_mask(points, 'fwd')])[6:]}; "
+        f"bwd: {dev(ratios[_mask(points, 'bwd')])[6:]})"
     )
+    keys = sorted({key(p) for p in points})
+    for k in keys:
+        mask = np.array([key(p) == k for p in points])
+        rs = ratios[mask]
+        print(
+            f"  {' '.join(str(x) for x in k):34s} {dev(rs)}   geometric-mean ratio "
+            f"{math.exp(float(np.mean(np.log(rs)))):.2f}"
+        )
 
 
-def print_table(title: str, points: list[Point], predicted: np.ndarray) -> np.ndarray:
+def _mask(points, passname):
+    return np.array([p.passname == passname for p in points])
+
+
+def print_points(title: str, points: list[Point], predicted: np.ndarray) -> None:
     print(f"\n== {title} ==")
     print(
         f"{'model':12s} {'gpu':10s} {'catalog':10s} {'tp':>2s} {'mbs':>3s} {'pass':4s} "
@@ -317,82 +492,219 @@ def print_table(title: str, points: list[Point], predicted: np.ndarray) -> np.nd
             points[i].passname != "fwd",
         ),
     )
-    ratios = predicted / np.array([p.measured_s for p in points])
     for i in order:
         p = points[i]
         print(
             f"{p.model:12s} {p.folder:10s} {p.gpu.name:10s} {p.tp:2d} {p.mbs:3d} {p.passname:4s} "
-            f"{p.measured_s:11.6f} {predicted[i]:11.6f} {ratios[i]:6.3f}"
+            f"{p.measured_s:11.6f} {predicted[i]:11.6f} {predicted[i] / p.measured_s:6.3f}"
         )
-    return ratios
 
 
-def print_summaries(title: str, points: list[Point], ratios: np.ndarray) -> None:
-    print(f"\n-- {title} --")
-    print(f"  {'all':44s} {summary(ratios)}")
-    for passname in PASSES:
-        mask = np.array([p.passname == passname for p in points])
-        print(f"  {'  ' + passname:44s} {summary(ratios[mask])}")
-    groups = sorted({p.group for p in points})
-    if len(groups) > 1:
-        for group in groups:
-            mask = np.array([p.group == group for p in points])
-            print(f"  {group:44s} {summary(ratios[mask])}")
-
-
-def print_diagnostics(points: list[Point], settings: AnalyticSettings) -> None:
-    """What the functional form fixes and the data disagree on."""
-    print("\n== Diagnostics (TP=1; every usable GPU) ==")
-    # Backward / forward: the estimate's is 2 less the overhead's dilution.
-    print("backward/forward ratio of the measured block times (the estimate's is <= 2.0):")
-    by_key: dict[tuple, dict[str, float]] = {}
-    for p in points:
-        if p.tp == 1:
-            by_key.setdefault((p.model, p.folder, p.gpu.name), {}).setdefault(p.mbs, {})[
-                p.passname
-            ] = p.measured_s
-    for (model, folder, _), by_mbs in sorted(by_key.items()):
-        ratios = [v["bwd"] / v["fwd"] for _, v in sorted(by_mbs.items()) if len(v) == 2]
-        print(
-            f"  {model:12s} {folder:10s} mbs {','.join(str(m) for m in sorted(by_mbs)):14s} "
-            f"bwd/fwd {min(ratios):.2f}..{max(ratios):.2f}"
-        )
-    # Matmul time alone at peak: t(ce=0.5) - t(ce=1) with everything else fixed = C / peak.
+def print_values(settings: AnalyticSettings, gpus: list[GpuSpec]) -> None:
     print(
-        "block matmul FLOPs / measured forward time, as a fraction of the catalog's fp16 peak\n"
-        "(the least compute_efficiency with which the estimate does not exceed that time; one "
-        "model's spread\nbetween GPUs is what a single compute_efficiency cannot follow; "
-        f"fitted: {settings.compute_efficiency:.3g}):"
+        f"  {'GPU':10s} {'compute_eff':>11s} {'memory_eff':>10s} {'matmul TFLOPS':>13s} "
+        f"{'(fp16 peak, fp32 peak)':>22s} {'GB/s achieved':>13s}"
     )
-    fwd = [p for p in points if p.tp == 1 and p.passname == "fwd"]
-    predictor = Predictor(fwd)
-    full = predictor.predict(replace(settings, compute_efficiency=1.0))
-    half = predictor.predict(replace(settings, compute_efficiency=0.5))
-    matmul_at_peak = half - full
-    best: dict[tuple, tuple[int, float]] = {}
-    for p, c in zip(fwd, matmul_at_peak, strict=True):
-        key = (p.model, p.folder, p.gpu.name, p.gpu.peak_fp16_tflops)
-        if key not in best or p.mbs > best[key][0]:
-            best[key] = (p.mbs, c / p.measured_s)
-    for (model, folder, name, peak), (mbs, fraction) in sorted(best.items()):
+    for gpu in gpus:
+        ce, me = settings.compute_for(gpu.name), settings.memory_for(gpu.name)
+        own = dict(settings.memory_efficiency.by_gpu)
+        mark = "" if gpu.name in own else " (default)"
         print(
-            f"  {model:12s} {folder:10s} ({name}, {peak:g} TFLOPS)  mbs {mbs:3d}: "
-            f"{fraction:6.1%}  = {fraction * peak:6.1f} TFLOPS achieved"
+            f"  {gpu.name:10s} {ce:11.3g} {me:10.3g}{mark:10s} {ce * gpu.peak_fp16_tflops:7.1f}"
+            f"      ({gpu.peak_fp16_tflops:g}, {gpu.peak_fp32_tflops:g})"
+            f" {me * gpu.memory_bandwidth_gb_per_s:10.0f}"
         )
+    print(
+        f"  default    {settings.compute_efficiency.default:11.3g} "
+        f"{settings.memory_efficiency.default:10.3g}"
+    )
+    print(
+        f"  backward_factor {settings.backward_factor:g}, layer_overhead_s "
+        f"{settings.layer_overhead_s:g}, elementwise_bytes_per_token_hidden "
+        f"{settings.elementwise_bytes_per_token_hidden:g}, update_memory_efficiency "
+        f"{settings.update_memory_for('default'):g}"
+    )
 
 
-def write_config(path: Path, values: np.ndarray) -> None:
+def leave_one_cell_out(parts, train_idx, points, elementwise) -> None:
+    print("\n== Leave one model out (a): drop one model on one GPU, refit the rest, predict it ==")
+    print(
+        "   (the GPU then has one model: its memory_efficiency is the others' median, as for "
+        "GH200 and the RTX GPUs in the config)"
+    )
+    train = [points[i] for i in train_idx]
+    gpus_both = sorted(
+        {p.gpu.name for p in train if p.model == TRAIN_MODELS[1]}
+        & {p.gpu.name for p in train if p.model == TRAIN_MODELS[0]}
+    )
+    all_ratios = []
+    for gpu in gpus_both:
+        for model in TRAIN_MODELS:
+            test = np.array(
+                [i for i in train_idx if points[i].gpu.name == gpu and points[i].model == model]
+            )
+            dropped = set(test.tolist())
+            rest = np.array([i for i in train_idx if i not in dropped])
+            f = fit(parts, rest, points, elementwise)
+            ratios = (
+                _Subset(parts, test).predict(
+                    np.array([f.compute[gpu]] * len(test)),
+                    np.array([f.memory.get(gpu, f.memory_default)] * len(test)),
+                    f.backward_factor,
+                    f.overhead_s,
+                    f.elementwise,
+                )
+                / parts.measured[test]
+            )
+            all_ratios.extend(ratios)
+            print(
+                f"  {model:12s} on {gpu:10s} {dev(ratios)}   geometric-mean ratio "
+                f"{math.exp(float(np.mean(np.log(ratios)))):.2f}"
+            )
+    print(f"  {'all':27s} {dev(all_ratios)}")
+
+
+def one_model_only(parts, train_idx, points, elementwise, memory_default) -> None:
+    print("\n== Leave one model out (b): fit on one model only (every GPU), predict the other ==")
+    print(
+        "   One model cannot split compute from memory time, so memory_efficiency is ASSUMED "
+        "(same on every GPU);\n   the first row uses the full fit's default (which saw both "
+        "models: optimistic)."
+    )
+    priors = [memory_default, memory_default / 2, memory_default * 2, 0.5]
+    for prior in priors:
+        for train_model, test_model in (TRAIN_MODELS, TRAIN_MODELS[::-1]):
+            tr = np.array([i for i in train_idx if points[i].model == train_model])
+            f = fit(parts, tr, points, elementwise, memory_prior=prior)
+            test = np.array(
+                [
+                    i
+                    for i in train_idx
+                    if points[i].model == test_model and points[i].gpu.name in f.compute
+                ]
+            )
+            sub = _Subset(parts, test)
+            ce = np.array([f.compute[parts.gpus[i]] for i in test])
+            ratios = (
+                sub.predict(
+                    ce, np.full(len(test), prior), f.backward_factor, f.overhead_s, f.elementwise
+                )
+                / parts.measured[test]
+            )
+            per_gpu = []
+            for g in sorted({parts.gpus[i] for i in test}):
+                m = np.array([parts.gpus[i] == g for i in test])
+                d = np.abs(ratios[m] - 1)
+                per_gpu.append(f"{g} {np.median(d):.0%}/{d.max():.0%}")
+            print(
+                f"  memory_eff {prior:5.3g}  {train_model:11s} -> {test_model:11s} "
+                f"{dev(ratios)}  per GPU median/max: {', '.join(per_gpu)}"
+            )
+
+
+def sailor_shape(spec: GptSpec) -> GptSpec:
+    """The shape SAILOR's profiler ran (profile_all.py, llm_info.json): LLAMA-3-8 differs from ours."""
+    if spec.sailor_name != "LLAMA-3-8":
+        return spec
+    return dataclasses.replace(
+        spec, seq_len=8192, num_kv_heads=None, ffn_hidden_size=16384, vocab_size=50304
+    )
+
+
+def suspect_diagnostics(points: list[Point], settings: AnalyticSettings) -> None:
+    print("\n== Why OPT-30 and LLAMA-3-8 are reported apart ==")
+    print(
+        "achieved block matmul rate (fwd, TP=1 or the least TP, largest mbs) = matmul FLOPs / "
+        "measured time (LLAMA-3-8: FLOPs of the shape SAILOR ran):"
+    )
+    fwd = [p for p in points if p.passname == "fwd"]
+    compute = Parts(fwd, lambda p: sailor_shape(p.spec)).compute  # seconds at peak
+    best: dict[tuple, tuple] = {}
+    for p, c in zip(fwd, compute, strict=True):
+        key = (p.model, p.folder)
+        rank = (-p.tp, p.mbs)
+        if key not in best or rank > best[key][0]:
+            best[key] = (rank, p, c)
+    for (model, folder), (_, p, c) in sorted(best.items()):
+        tflops = c * p.gpu.peak_fp16_tflops / p.measured_s
+        print(
+            f"  {model:12s} {folder:10s} tp {p.tp} mbs {p.mbs:3d}: {tflops:6.1f} TFLOPS = "
+            f"{tflops / p.gpu.peak_fp16_tflops:5.1%} of fp16 peak {p.gpu.peak_fp16_tflops:g} "
+            f"(fp32 peak {p.gpu.peak_fp32_tflops:g})"
+        )
+    llama = [p for p in points if p.model == "LLAMA-3-8"]
+    if llama:
+        spec = llama[0].spec
+        shape = sailor_shape(spec)
+        print(
+            "LLAMA-3-8: SAILOR's profiler ran seq 8192 (profile_all.py; llm_info.json's block output "
+            f"is {8192 * spec.hidden_size} = 8192 x {spec.hidden_size} elements), full multi-head "
+            "attention and a 16384 FFN (its block has 268.5M parameters; ours "
+            f"{spec.block_parameters() / 1e6:.1f}M, seq {spec.seq_len}). With that shape "
+            f"({shape.block_parameters() / 1e6:.1f}M per block):"
+        )
+        for label, spec_for in (("our llama-3-8b spec", None), ("SAILOR's shape", lambda p: shape)):
+            ratios = block_times(llama, settings, spec_for) / np.array(
+                [p.measured_s for p in llama]
+            )
+            print(
+                f"  {label:20s} {dev(ratios)}   geometric-mean ratio "
+                f"{math.exp(float(np.mean(np.log(ratios)))):.2f}"
+            )
+            for folder in sorted({p.folder for p in llama}):
+                m = np.array([p.folder == folder for p in llama])
+                print(
+                    f"    {folder:10s} {dev(ratios[m])}   geometric-mean ratio "
+                    f"{math.exp(float(np.mean(np.log(ratios[m])))):.2f}"
+                )
+
+
+def print_update(points: list[UpdatePoint], efficiency: float, label: str, which: str) -> None:
+    print(f"  {label}: update_memory_efficiency {efficiency:.3g}")
+    for group, models in (("training", TRAIN_MODELS), ("held out", SUSPECT_MODELS)):
+        sel = [p for p in points if p.model in models]
+        ratios = [update_at_one(p, getattr(p, which)) / efficiency / p.measured_s for p in sel]
+        print(f"    {group:9s} {dev(ratios)}")
+        for model in models:
+            rs = [r for p, r in zip(sel, ratios, strict=True) if p.model == model]
+            if rs:
+                needed = [
+                    update_at_one(p, getattr(p, which)) / p.measured_s
+                    for p in sel
+                    if p.model == model
+                ]
+                print(
+                    f"      {model:12s} {dev(rs)}   efficiency each point needs: "
+                    f"{min(needed):.2f}..{max(needed):.2f}"
+                )
+
+
+def write_config(path: Path, settings: AnalyticSettings) -> None:
     text = path.read_text(encoding="utf-8")
     start = text.index("\nanalytic:")
     end = text.find("\n\n", start + 1)
     end = len(text) if end < 0 else end
-    section = text[start:end]
-    for name, value in zip(FACTORS, values, strict=True):
-        pattern = re.compile(rf"(\n  {name}: )([^\s#]+)")
-        if not pattern.search(section):
-            raise SystemExit(f"{path}: no {name} in the analytic section")
-        section = pattern.sub(lambda m, v=value: m.group(1) + repr(float(v)), section, count=1)
-    path.write_text(text[:start] + section + text[end:], encoding="utf-8")
+
+    def per_gpu(name: str, value: PerGpu) -> list[str]:
+        plain = value.as_plain()
+        if not isinstance(plain, dict):
+            return [f"  {name}: {plain!r}"]
+        return [f"  {name}:"] + [f"    {k}: {v!r}" for k, v in plain.items()]
+
+    lines = [
+        "",
+        "analytic:",
+        "  # Fitted by bench/calibrate_analytic.py --write (see the calibration source); GPUs not",
+        "  # listed take default. Keys are catalog GPU names (configs/gpus.yaml), not aliases.",
+        *per_gpu("compute_efficiency", settings.compute_efficiency),
+        *per_gpu("memory_efficiency", settings.memory_efficiency),
+        *per_gpu("update_memory_efficiency", settings.update_memory_efficiency),
+        f"  backward_factor: {settings.backward_factor!r}",
+        f"  layer_overhead_s: {settings.layer_overhead_s!r}",
+        f"  elementwise_bytes_per_token_hidden: {settings.elementwise_bytes_per_token_hidden!r}",
+        "  source: calibration",
+    ]
+    path.write_text(text[:start] + "\n".join(lines) + text[end:], encoding="utf-8")
 
 
 def main() -> None:
@@ -403,75 +715,128 @@ def main() -> None:
     parser.add_argument(
         "--write", action="store_true", help="write the fitted values to configs/simulator.yaml"
     )
+    parser.add_argument("--points", action="store_true", help="print every point")
     args = parser.parse_args()
+    if args.write and args.current:
+        raise SystemExit("--write needs a fit; drop --current")
     started = time.perf_counter()
     catalog = default_catalog()
     points, notes = load_points(catalog)
     for note in notes:
         print(note)
-    train = [p for p in points if p.group == "train"]
-    held = [p for p in points if p.group.startswith("held-out")]
-    extra = [p for p in points if p.group.startswith("extra")]
-    train_predictor = Predictor(train)
+    parts = Parts(points)
+    train_idx = np.array([i for i, p in enumerate(points) if p.group == "train"])
+    updates = load_update_points(catalog)
+    update_train = [p for p in updates if p.model in TRAIN_MODELS]
 
     if args.current:
         settings = analytic_settings(catalog)
-        values = np.array([getattr(settings, name) for name in FACTORS])
         print("\nValues of configs/simulator.yaml (no fit):")
+        chosen = None
     else:
-        raw, objective, evals = fit(train_predictor)
-        values = np.array([round_sig(v) for v in raw])
-        settings = make_settings(values)
+        chosen, fits = fit_profiled(parts, train_idx, points)
         print(
-            f"\nFit: {len(train)} training points, {evals} evaluations, mean squared log-ratio "
-            f"{objective:.5f} (unrounded: "
-            + ", ".join(f"{n}={v:.6g}" for n, v in zip(FACTORS, raw, strict=True))
-            + ")"
+            f"\nFit: {len(train_idx)} training points (OPT-350 and GPT-Neo-2.7, TP=1, every mbs, "
+            f"{len({points[i].folder for i in train_idx})} GPUs)"
         )
-        print("Fitted values (3 significant figures; the errors below are of these):")
-    for name, value in zip(FACTORS, values, strict=True):
-        print(f"  {name}: {value:g}")
-    rms = math.sqrt(np.mean(train_predictor.log_ratios(settings) ** 2))
-    print(f"  RMS log-ratio on the training set: {rms:.4f}")
-
-    train_ratios = print_table("Training set", train, train_predictor.predict(settings))
-    held_ratios = print_table("Held-out set", held, Predictor(held).predict(settings))
-    extra_ratios = Predictor(extra).predict(settings) / np.array([p.measured_s for p in extra])
-    print("\n== Summaries ==")
-    print_summaries("Training set", train, train_ratios)
-    print_summaries("Held-out set", held, held_ratios)
-    print_summaries("Extra (not in either set: TP tests of the small models)", extra, extra_ratios)
-    print_diagnostics(points, settings)
-    if not args.current:
         print(
-            "the same fit on one training GPU at a time (the form has one compute_efficiency for "
-            "every GPU):"
+            "elementwise_bytes_per_token_hidden profile (the objective is flat until an "
+            "efficiency reaches 1):"
         )
-        for folder in TRAIN_GPUS:
-            own = [p for p in train if p.folder == folder]
-            others = [p for p in train if p.folder != folder]
-            raw_own, _, _ = fit(Predictor(own))
-            own_settings = make_settings(raw_own)
-            own_ratios = Predictor(own).predict(own_settings) / np.array(
-                [p.measured_s for p in own]
+        opt30 = np.array(
+            [
+                i
+                for i, p in enumerate(points)
+                if p.model == "OPT-30" and p.folder in ("GH-96", "V100-16")
+            ]
+        )
+        for f in fits:
+            a100 = ", ".join(
+                f"{g} {v:.3f}" for g, v in sorted(f.compute.items()) if g.startswith("A100")
             )
-            other_ratios = Predictor(others).predict(own_settings) / np.array(
-                [p.measured_s for p in others]
-            )
+            r30 = parts.predict_settings(f.settings())[opt30] / parts.measured[opt30]
             print(
-                f"  {folder:8s} "
-                + ", ".join(f"{n}={v:.3g}" for n, v in zip(FACTORS, raw_own, strict=True))
-                + f"\n           own points: median |ratio-1| {np.median(np.abs(own_ratios - 1)):.1%}, "
-                f"max {np.max(np.abs(own_ratios - 1)):.1%}; the other training GPU's: geometric-mean "
-                f"ratio {np.exp(np.mean(np.log(other_ratios))):.2f}"
+                f"  E={f.elementwise:5g}: mean squared log-ratio {f.objective:.6f}   "
+                f"compute_efficiency {a100}, GH200 {f.compute['GH200']:.3f}   [OPT-30 on GH-96 "
+                f"and V100, not used: median |ratio-1| {np.median(np.abs(r30 - 1)):.1%}]"
             )
+        print(f"kept E={chosen.elementwise:g} (smallest within {FLAT:.1%} of the best)")
+        whole = fit_update(update_train, "whole_params")
+        profiled = fit_update(update_train, "profiled_params")
+        settings = chosen.settings(profiled, rounded=True)
+        print("Fitted values (3 significant figures; the errors below are of these):")
+    print_values(settings, sorted({p.gpu for p in points}, key=lambda g: g.name))
+
+    # The errors, through the estimator itself.
+    predicted = block_times(points, settings)
+    assert np.allclose(predicted, parts.predict_settings(settings), rtol=1e-9, atol=0), (
+        "the recombined parts disagree with the estimator"
+    )
+    ratios = predicted / parts.measured
+    groups = {
+        g: np.array([i for i, p in enumerate(points) if p.group == g])
+        for g in ("train", "tp>1", *SUSPECT_MODELS)
+    }
+
+    def show(title, group, key):
+        idx = groups[group]
+        sel = [points[i] for i in idx]
+        if args.points:
+            print_points(title, sel, predicted[idx])
+        by_key_summary(title, sel, ratios[idx], key)
+
+    show("In-sample: training set, by GPU and model", "train", lambda p: (p.folder, p.model))
+    if chosen is not None:
+        leave_one_cell_out(parts, train_idx, points, chosen.elementwise)
+        one_model_only(parts, train_idx, points, chosen.elementwise, chosen.memory_default)
+    show(
+        "Not fitted: OPT-350 / GPT-Neo-2.7 at TP>1 (the all-reduce term), by GPU and TP",
+        "tp>1",
+        lambda p: (p.folder, p.model, f"tp{p.tp}"),
+    )
+    show("Reported apart: OPT-30, by GPU and TP", "OPT-30", lambda p: (p.folder, f"tp{p.tp}"))
+    show("Reported apart: LLAMA-3-8, by GPU and TP", "LLAMA-3-8", lambda p: (p.folder, f"tp{p.tp}"))
+    suspect_diagnostics(points, settings)
+
+    print("\n== Optimizer step (update_seconds) vs SAILOR's non-zero u ==")
+    print(
+        f"  {len(update_train)} training points (OPT-350, GPT-Neo-2.7: (GPU, TP) with u > 0), "
+        f"{len(updates) - len(update_train)} held out (OPT-30, LLAMA-3-8 on GH-96)"
+    )
+    if chosen is not None:
+        print_update(
+            updates, whole, "u read as the whole model's step (sailor.py's reading)", "whole_params"
+        )
+        print_update(
+            updates,
+            profiled,
+            "u read as the profiled 2-block model's step (written)",
+            "profiled_params",
+        )
+    else:
+        print_update(
+            updates,
+            settings.update_memory_for("default"),
+            "u read as the profiled 2-block model's step",
+            "profiled_params",
+        )
+    bwd_fwd = {}
+    for p in points:
+        if p.group == "train":
+            bwd_fwd.setdefault((p.folder, p.model, p.mbs), {})[p.passname] = p.measured_s
+    spread = [v["bwd"] / v["fwd"] for v in bwd_fwd.values()]
+    print(
+        f"\nmeasured block backward/forward over the training set: {min(spread):.2f}.."
+        f"{max(spread):.2f} (median {statistics.median(spread):.2f}); "
+        f"backward_factor {settings.backward_factor:g}"
+    )
 
     if args.write:
-        if args.current:
-            raise SystemExit("--write needs a fit; drop --current")
         path = catalog.configs_dir / "simulator.yaml"
-        write_config(path, values)
-        print(f"\nwrote the four analytic factors to {path}")
+        write_config(path, settings)
+        reread = analytic_settings(catalog)
+        assert reread == settings, (reread, settings)
+        print(f"\nwrote the analytic section of {path}")
     print(f"\n({time.perf_counter() - started:.1f} s)")
 
 

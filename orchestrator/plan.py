@@ -63,14 +63,14 @@ class Replica:
     def __eq__(self, other: object) -> bool:
         if self is other:
             return True
-        if not isinstance(other, Replica) or self._hash != other._hash:
+        if other.__class__ is not Replica or self._hash != other._hash:
             return False
-        return (self.gpu, self.tp, self.infra, self.spot, self.instance_type) == (
-            other.gpu,
-            other.tp,
-            other.infra,
-            other.spot,
-            other.instance_type,
+        return (
+            self.gpu == other.gpu
+            and self.tp == other.tp
+            and self.infra == other.infra
+            and self.spot == other.spot
+            and self.instance_type == other.instance_type
         )
 
     @property
@@ -116,18 +116,18 @@ class Plan:
         default=None,
     )
 
-    @property
+    @functools.cached_property
     def warmup(self) -> tuple[int, ...]:
         """Warm-up forwards per stage: the plan's, or standard 1F1B's ``P - s - 1``."""
         if self.pipeline_warmup is not None:
             return self.pipeline_warmup
         return tuple(self.num_stages - s - 1 for s in range(self.num_stages))
 
-    @property
+    @functools.cached_property
     def num_stages(self) -> int:
         return len(self.stages)
 
-    @property
+    @functools.cached_property
     def dp_degree(self) -> int:
         return len(self.stages[0].replicas)
 

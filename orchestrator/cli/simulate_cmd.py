@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from orchestrator.catalog import Catalog
@@ -10,7 +11,14 @@ from orchestrator.cli.output import format_table, print_json
 from orchestrator.plan import Plan, PlanError, load_plan
 from orchestrator.profiles import profile_for_recipe
 from orchestrator.recipe import Recipe, load_recipe
-from orchestrator.simulator import Estimate, check_plan_runs, normalize_plan, simulate, views_for
+from orchestrator.simulator import (
+    Estimate,
+    check_plan_runs,
+    latency_aware_plan_warmup,
+    normalize_plan,
+    simulate,
+    views_for,
+)
 from orchestrator.simulator.core import describe_bottleneck
 
 GIB = 1024**3
@@ -38,34 +46,43 @@ def add_simulate(commands: argparse._SubParsersAction, formatter: type) -> None:
     p.set_defaults(run=run_simulate)
 
 
-def estimate_plan(recipe: Recipe, plan: Plan, catalog: Catalog) -> tuple[Plan, Estimate]:
-    """Check ``plan`` against the recipe, the catalog and the profile, then simulate it."""
+def estimate_plan(recipe: Recipe, plan: Plan, catalog: Catalog) -> tuple[Plan, Estimate, dict | None]:
+    """Check ``plan`` against the recipe, the catalog and the profile, then simulate it. The third
+    value suggests a latency-aware warm-up when a link's round trip paces a pipeline."""
     plan = normalize_plan(plan, catalog)
     if plan.global_batch_size != recipe.training.global_batch_size:
-        raise PlanError(
-            f"the plan's global_batch_size {plan.global_batch_size} differs from the recipe's "
-            f"{recipe.training.global_batch_size}",
-            field="global_batch_size",
-            fix="use the recipe's global batch size in the plan",
-        )
+        raise PlanError(f"the plan's global_batch_size {plan.global_batch_size} differs from the recipe's "
+                        f"{recipe.training.global_batch_size}", field="global_batch_size",
+                        fix="use the recipe's global batch size in the plan")
     market = catalog.market(recipe.provider, Path(recipe.market) if recipe.market else None)
     network, prices, settings = views_for(catalog, market)
     gpus = {r.gpu for stage in plan.stages for r in stage.replicas}
     tps = {r.tp for stage in plan.stages for r in stage.replicas}
-    profile = profile_for_recipe(
-        recipe, gpus, catalog, microbatch_sizes=[plan.microbatch_size], tp_degrees=tps
-    )
+    profile = profile_for_recipe(recipe, gpus, catalog, microbatch_sizes=[plan.microbatch_size], tp_degrees=tps)
     check_plan_runs(plan, profile, network, prices)
-    return plan, simulate(profile, plan, network=network, prices=prices, settings=settings)
+    estimate = simulate(profile, plan, network=network, prices=prices, settings=settings)
+    suggestion = None
+    if estimate.bottleneck.startswith("loop"):
+        warmup = latency_aware_plan_warmup(profile, plan, network)
+        better = simulate(profile, dataclasses.replace(plan, pipeline_warmup=warmup), network=network,
+                          prices=prices, settings=settings)
+        suggestion = {"pipeline_warmup": list(warmup), "samples_per_s": better.samples_per_s,
+                      "peak_memory_bytes": better.peak_memory_bytes, "oom": better.oom}
+    return plan, estimate, suggestion
 
 
 def run_simulate(args: argparse.Namespace, catalog: Catalog) -> int:
     recipe = load_recipe(args.recipe, catalog=catalog)
-    plan, estimate = estimate_plan(recipe, load_plan(args.plan), catalog)
+    plan, estimate, suggestion = estimate_plan(recipe, load_plan(args.plan), catalog)
     if args.json:
-        print_json({"recipe": recipe.name, "plan": str(args.plan), **estimate.to_dict()})
+        print_json({"recipe": recipe.name, "plan": str(args.plan), **estimate.to_dict(),
+                    "suggestions": [suggestion] if suggestion else []})
         return 0
     _print_estimate(plan, estimate)
+    if suggestion:
+        print(f"suggestion: a link's round trip paces the pipeline; pipeline_warmup: {suggestion['pipeline_warmup']} "
+              f"gives {suggestion['samples_per_s']:,.2f} samples/s with peak memory "
+              f"{suggestion['peak_memory_bytes'] / GIB:.1f} GiB{' (OOM)' if suggestion['oom'] else ''}")
     return 0
 
 

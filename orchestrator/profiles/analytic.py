@@ -2,20 +2,24 @@
 
 Per layer and pass: ``t = overhead + matmul FLOPs / (peak x compute_efficiency) + elementwise bytes /
 (memory bandwidth x memory_efficiency) + tensor-parallel all-reduces over the node's interconnect``.
-Backward does twice the matmul work and about twice the elementwise traffic. The optimizer step is
-memory-bound: bytes touched per parameter / bandwidth. Activations kept for backward follow
+Backward does ``backward_factor`` times the forward's matmul work and elementwise traffic (2 in
+theory; SAILOR's measurements say more). The optimizer step is memory-bound: bytes touched per
+parameter / (bandwidth x update_memory_efficiency), a factor of its own because the step's kernels
+are not the forward's elementwise ones. ``compute_efficiency``, ``memory_efficiency`` and
+``update_memory_efficiency`` may differ per GPU (``{default: 0.4, A100: 0.46}``, keyed by catalog
+names); a GPU without its own value takes ``default``. Activations kept for backward follow
 Korthikanti et al. (2022), "Reducing Activation Recomputation in Large Transformer Models".
-The efficiency factors are fitted on SAILOR's measured profiles (bench/calibrate_analytic.py) and
-live in configs/simulator.yaml. Every such profile is marked ``estimated``.
+The factors are fitted on SAILOR's measured profiles (bench/calibrate_analytic.py) and live in
+configs/simulator.yaml. Every such profile is marked ``estimated``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.catalog.gpus import GpuSpec
+from orchestrator.catalog.gpus import GpuSpec, GpuTable
 from orchestrator.catalog.records import Entry, read_yaml
 from orchestrator.errors import UserError
 from orchestrator.profiles.profile import (
@@ -39,33 +43,148 @@ UPDATE_BYTES_PER_PARAM = {
 }
 
 
+@dataclass(frozen=True)
+class PerGpu:
+    """A factor with a default and, optionally, its own value on some GPUs (catalog names)."""
+
+    default: float
+    by_gpu: tuple[tuple[str, float], ...] = ()
+
+    @classmethod
+    def of(cls, value: float | Mapping[str, float] | PerGpu) -> PerGpu:
+        """From a number (every GPU) or a mapping ``{default: x, <GPU name>: y, ...}``."""
+        if isinstance(value, PerGpu):
+            return value
+        if isinstance(value, Mapping):
+            if "default" not in value:
+                raise ValueError(f"a per-GPU factor needs a 'default' entry, got {dict(value)!r}")
+            others = tuple(sorted((str(k), float(v)) for k, v in value.items() if k != "default"))
+            return cls(float(value["default"]), others)
+        return cls(float(value))
+
+    def for_gpu(self, gpu: str | GpuSpec) -> float:
+        name = gpu.name if isinstance(gpu, GpuSpec) else gpu
+        for key, value in self.by_gpu:
+            if key == name:
+                return value
+        return self.default
+
+    def as_plain(self) -> float | dict[str, float]:
+        """A number when no GPU has its own value, else ``{default: .., <GPU>: ..}``."""
+        if not self.by_gpu:
+            return self.default
+        return {"default": self.default, **dict(self.by_gpu)}
+
+
 @dataclass(frozen=True, kw_only=True)
 class AnalyticSettings:
-    """Efficiency factors of the analytic estimate (configs/simulator.yaml, section analytic)."""
+    """Efficiency factors of the analytic estimate (configs/simulator.yaml, section analytic).
 
-    compute_efficiency: float  # achieved fraction of peak matmul FLOPS
-    memory_efficiency: float  # achieved fraction of peak memory bandwidth for elementwise work
+    The three efficiencies accept a number (every GPU) or a mapping with ``default`` and catalog GPU
+    names; they are stored as ``PerGpu`` and read with ``compute_for``, ``memory_for`` and
+    ``update_memory_for``. ``update_memory_efficiency`` left out (None) means the GPU's
+    ``memory_efficiency``, as before the two were separated.
+    """
+
+    compute_efficiency: PerGpu  # achieved fraction of peak matmul FLOPS
+    memory_efficiency: PerGpu  # achieved fraction of peak memory bandwidth for elementwise work
     layer_overhead_s: float  # fixed cost per layer and pass (kernel launches, framework)
     elementwise_bytes_per_token_hidden: (
         float  # elementwise traffic of a block per token x hidden x element
     )
     source: str
+    backward_factor: float = 2.0  # backward matmul work and elementwise traffic / forward's
+    update_memory_efficiency: PerGpu | None = None  # fraction of bandwidth the optimizer step gets
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "compute_efficiency", PerGpu.of(self.compute_efficiency))
+        object.__setattr__(self, "memory_efficiency", PerGpu.of(self.memory_efficiency))
+        if self.update_memory_efficiency is not None:
+            object.__setattr__(
+                self, "update_memory_efficiency", PerGpu.of(self.update_memory_efficiency)
+            )
+
+    def compute_for(self, gpu: str | GpuSpec) -> float:
+        return self.compute_efficiency.for_gpu(gpu)
+
+    def memory_for(self, gpu: str | GpuSpec) -> float:
+        return self.memory_efficiency.for_gpu(gpu)
+
+    def update_memory_for(self, gpu: str | GpuSpec) -> float:
+        if self.update_memory_efficiency is None:
+            return self.memory_for(gpu)
+        return self.update_memory_efficiency.for_gpu(gpu)
 
     @classmethod
-    def load(cls, path: Path, display: str) -> AnalyticSettings:
+    def load(cls, path: Path, display: str, *, gpus: GpuTable | None = None) -> AnalyticSettings:
+        """Read section ``analytic``; per-GPU keys are checked against ``gpus`` (by default the
+        gpus.yaml beside ``path``)."""
         doc = read_yaml(path, display)
+        if gpus is None:
+            gpus = GpuTable.load(path.parent / "gpus.yaml", str(Path(display).parent / "gpus.yaml"))
         entry = Entry(doc, ("analytic",))
+        backward = entry.number("backward_factor", required=False)
+        update = (
+            _per_gpu(entry, "update_memory_efficiency", gpus)
+            if "update_memory_efficiency" in entry.value
+            else None
+        )
+        entry.used.add("update_memory_efficiency")
         settings = cls(
-            compute_efficiency=entry.number("compute_efficiency"),
-            memory_efficiency=entry.number("memory_efficiency"),
+            compute_efficiency=_per_gpu(entry, "compute_efficiency", gpus),
+            memory_efficiency=_per_gpu(entry, "memory_efficiency", gpus),
             layer_overhead_s=entry.number("layer_overhead_s", strictly_positive=False),
             elementwise_bytes_per_token_hidden=entry.number(
                 "elementwise_bytes_per_token_hidden", strictly_positive=False
             ),
+            backward_factor=2.0 if backward is None else backward,
+            update_memory_efficiency=update,
             source=entry.text("source"),
         )
         entry.done()
         return settings
+
+
+def _fraction(entry: Entry, key: str) -> float:
+    value = entry.number(key)
+    if value > 1:
+        entry.fail(
+            entry.path + (key,),
+            f"is a fraction of the GPU's peak and must be <= 1, got {value:g}",
+            f"correct {key}",
+        )
+    return value
+
+
+def _per_gpu(entry: Entry, key: str, gpus: GpuTable) -> PerGpu:
+    """``key: 0.4`` or ``key: {default: 0.4, A100: 0.46, ...}`` keyed by catalog GPU names."""
+    value = entry.raw(key)
+    if not isinstance(value, dict):
+        return PerGpu(_fraction(entry, key))
+    sub = Entry(entry.doc, entry.path + (key,), entry.label)
+    default = _fraction(sub, "default")
+    others = []
+    for name in value:
+        if name == "default":
+            continue
+        spec = gpus.find(str(name))
+        if spec is None:
+            close = gpus.suggest(str(name))
+            sub.fail(
+                sub.path + (name,),
+                f"'{name}' is not a GPU in {gpus.file}",
+                f"use a GPU name from {gpus.file}"
+                + (f" (did you mean '{close}'?)" if close else ""),
+            )
+        if spec.name != name:
+            sub.fail(
+                sub.path + (name,),
+                f"'{name}' is an alias of {spec.name}; per-GPU values are keyed by catalog names",
+                f"rename the key to '{spec.name}'",
+            )
+        others.append((spec.name, _fraction(sub, name)))
+    sub.done()
+    return PerGpu(default, tuple(sorted(others)))
 
 
 def _optimizer_key(optimizer: str, precision: str) -> tuple[str, str]:
@@ -77,7 +196,8 @@ def update_seconds(
 ) -> float:
     """A memory-bound optimizer step over ``params`` parameters on ``gpu``."""
     touched = UPDATE_BYTES_PER_PARAM[_optimizer_key(optimizer, precision)] * params
-    return touched / (gpu.memory_bandwidth_gb_per_s * 1e9 * settings.memory_efficiency)
+    bandwidth = gpu.memory_bandwidth_gb_per_s * 1e9 * settings.update_memory_for(gpu.name)
+    return touched / bandwidth
 
 
 def _peak_flops(gpu: GpuSpec, precision: str) -> float:
@@ -109,13 +229,13 @@ class _Estimator:
     def __init__(self, gpu: GpuSpec, precision: str, settings: AnalyticSettings) -> None:
         self.gpu = gpu
         self.settings = settings
-        self.peak = _peak_flops(gpu, precision)
-        self.bandwidth = gpu.memory_bandwidth_gb_per_s * 1e9 * settings.memory_efficiency
+        self.flops = _peak_flops(gpu, precision) * settings.compute_for(gpu.name)  # achieved
+        self.bandwidth = gpu.memory_bandwidth_gb_per_s * 1e9 * settings.memory_for(gpu.name)
         self.link = gpu.interconnect_bidirectional_gb_per_s * 1e9 / 2  # one direction
 
     def seconds(self, work: _Pass, tp: int, *, backward: bool) -> float:
-        factor = 2.0 if backward else 1.0
-        compute = factor * work.matmul_flops / (self.peak * self.settings.compute_efficiency)
+        factor = self.settings.backward_factor if backward else 1.0
+        compute = factor * work.matmul_flops / self.flops
         memory = factor * work.elementwise_bytes / self.bandwidth
         comm = 0.0
         if tp > 1 and work.tp_allreduces:

@@ -11,6 +11,7 @@ Sources: ``measured`` (our profiler), ``imported`` (SAILOR's published profiles)
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from collections.abc import Mapping, Sequence
@@ -117,7 +118,7 @@ class ModelProfile:
     def num_layers(self) -> int:
         return len(next(iter(self.layers.values())).params)
 
-    @property
+    @functools.cached_property
     def element_bytes(self) -> int:
         return ELEMENT_BYTES[self.precision]
 

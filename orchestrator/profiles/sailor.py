@@ -8,9 +8,11 @@ OPT-350M, GPT-Neo-2.7B, LLaMA-3-8B and OPT-30B on A100, V100, GH200 and RTX GPUs
 Two readings differ from SAILOR's own simulator, on purpose:
 - ``act_mem_bytes`` is what SAILOR measured (allocated bytes); we keep it as bytes. SAILOR's
   simulator multiplies its float count by 2 under fp16, which halves the measured figure.
-- ``u`` is the same value on every layer: the optimizer step of the whole model on one GPU. We spread
-  it over layers by parameters, so a stage's update time grows with its share of the model (the step
-  is memory-bound). Where SAILOR recorded 0, the update is estimated from memory bandwidth.
+- ``u`` is the same value on every layer: the optimizer step of the model SAILOR's profiler ran,
+  which has the embedding, two transformer blocks and the head (its runs use ``--num-layers 2``; read
+  in a public copy of SAILOR's repository). We turn it into seconds per parameter of that model and
+  charge each layer for its parameters, so a stage's update grows with its share of the model (the
+  step is memory-bound). Where SAILOR recorded 0, the update is estimated from memory bandwidth.
 """
 
 from __future__ import annotations
@@ -121,10 +123,14 @@ def _gpu_profile(
     return GpuProfile(gpu, "imported", origin, times)
 
 
+PROFILED_BLOCKS = 2  # SAILOR profiles a model of embedding + 2 blocks + head
+
+
 def _spread_update(
-    model_update_s: float, table: LayerTable, gpu: str, update_estimate: UpdateEstimate
+    profiled_update_s: float, table: LayerTable, gpu: str, update_estimate: UpdateEstimate
 ) -> tuple[float, ...]:
-    total = sum(table.params)
-    if model_update_s <= 0:  # not recorded: estimate the memory-bound step per layer
+    if profiled_update_s <= 0:  # not recorded: estimate the memory-bound step per layer
         return tuple(update_estimate(gpu, p) for p in table.params)
-    return tuple(model_update_s * p / total for p in table.params)
+    params = table.params
+    profiled = params[0] + params[-1] + sum(params[1 : 1 + PROFILED_BLOCKS])
+    return tuple(profiled_update_s * p / profiled for p in params)

@@ -62,6 +62,7 @@ def simulate(
     ]
     rows = []  # per stage: forward, backward, update, send, sync, exposed sync, finish
     last = plan.num_stages - 1
+    overlap, bucket = settings.overlap_grad_sync, settings.bucket_bytes
     for s, stage in enumerate(plan.stages):
         times = compute[s]
         gradient = profile.stage_gradient_elements(*stage.layers, stage.replicas[0].tp) * element
@@ -71,7 +72,11 @@ def simulate(
             forward = t[0] if t[0] > forward else forward
             backward = t[1] if t[1] > backward else backward
             update = t[2] if t[2] > update else update
-        exposed = _exposed(sync, backward, gradient, settings)
+        # all-reduce time the last backward does not hide (buckets go while it runs; the last cannot)
+        exposed = sync
+        if sync > 0 and overlap:
+            last_bucket = sync * bucket / gradient if gradient > bucket else sync
+            exposed = max(last_bucket, sync - backward)
         ready = send = 0.0
         for timing, sends in pipelines:
             end = timing.stage_end_s[s]
@@ -151,7 +156,8 @@ def latency_aware_plan_warmup(
         f, b, latency, fwd, bwd = _pipeline_inputs(profile, plan, i, compute, network)
         for s, w in enumerate(latency_aware_warmup(f, b, latency, fwd, bwd)):
             warmup[s] = max(warmup[s], w)
-    return tuple(warmup)
+    most = max(plan.microbatches())  # no stage can run further ahead than there are microbatches
+    return tuple(min(w, most) for w in warmup)
 
 
 def _sync(
@@ -198,16 +204,6 @@ def _sync_coefficients(plan: Plan, s: int, element: int, network: NetworkView) -
     )
 
 
-def _exposed(
-    sync_s: float, last_backward_s: float, message: float, settings: SimulatorSettings
-) -> float:
-    """All-reduce time that the last backward does not hide (at least the last bucket's)."""
-    if sync_s <= 0 or not settings.overlap_grad_sync:
-        return sync_s
-    last_bucket = sync_s * min(1.0, settings.bucket_bytes / message) if message else 0.0
-    return max(last_bucket, sync_s - last_backward_s)
-
-
 def _estimate(
     profile: ModelProfile,
     plan: Plan,
@@ -238,8 +234,7 @@ def _estimate(
     egress_usd = sum(size * price(src, dst) for (src, dst), size in egress.items())
     compute_s, comm_s = _granularity_terms(max(micro), rows)
     granularity = compute_s / comm_s if comm_s > 0 else float("inf")
-    sources = profile.sources()
-    used = sorted({r.gpu for kinds in plan.stage_kinds for r, _ in kinds})
+    used, weakest, by_gpu = _sources_used(profile, plan)
     samples_per_s = plan.global_batch_size / iteration
 
     def breakdown() -> Breakdown:
@@ -264,10 +259,26 @@ def _estimate(
         granularity=granularity,
         speedup_if_doubled=(granularity + 1) / (granularity / 2 + 1) if comm_s > 0 else 2.0,
         global_batch_size=plan.global_batch_size,
-        profile_source=max((sources[g] for g in used), key=SOURCE_RANK.__getitem__),
-        profile_sources=tuple((g, sources[g]) for g in used),
+        profile_source=weakest,
+        profile_sources=by_gpu,
         breakdown_fn=breakdown,
     )
+
+
+def _sources_used(
+    profile: ModelProfile, plan: Plan
+) -> tuple[list[str], str, tuple[tuple[str, str], ...]]:
+    """The plan's GPUs, the weakest profile source among them, and each one's source (cached per
+    set of GPUs: the planner asks for the same few sets again and again)."""
+    gpus = frozenset(r.gpu for kinds in plan.stage_kinds for r, _ in kinds)
+    key = ("sources", gpus)
+    cached = profile._cache.get(key)
+    if cached is None:
+        sources = profile.sources()
+        used = sorted(gpus)
+        weakest = max((sources[g] for g in used), key=SOURCE_RANK.__getitem__)
+        cached = profile._cache[key] = (used, weakest, tuple((g, sources[g]) for g in used))
+    return cached
 
 
 def _granularity_terms(m: int, rows: list[tuple]) -> tuple[float, float]:

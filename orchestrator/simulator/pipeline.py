@@ -27,6 +27,7 @@ from typing import NamedTuple
 from orchestrator.simulator.schedule import (
     Warmup,
     compiled_cycles,
+    compiled_pipeline,
     compiled_schedule,
     cycle_names,
     standard_warmup,
@@ -92,15 +93,26 @@ def pipeline_time(
 ) -> PipelineTime:
     """Makespan and stage end times of ``m`` microbatches (see the module docstring)."""
     stages = len(f)
-    warmup = warmup or standard_warmup(stages)
-    latency, occupy_fwd, occupy_bwd = _links(stages, latency, occupy_fwd, occupy_bwd)
-    means = compiled_cycles(stages, warmup)(f, b, latency, occupy_fwd, occupy_bwd)
-    per = max(means)
-    exact_m = min(m, warmup[0] + 1 + EXACT_EXTRA_MICROBATCHES)
-    ends = compiled_schedule(stages, exact_m, warmup)(f, b, latency, occupy_fwd, occupy_bwd)
-    shift = (m - exact_m) * per
-    ends = tuple([e + shift for e in ends])
-    return PipelineTime(ends[0], ends, per, cycle_names(stages)[means.index(per)])
+    if warmup is None:
+        warmup = standard_warmup(stages)
+    if stages > 1 and not (latency and occupy_fwd and occupy_bwd):
+        latency, occupy_fwd, occupy_bwd = _links(stages, latency, occupy_fwd, occupy_bwd)
+    exact_m = warmup[0] + 1 + EXACT_EXTRA_MICROBATCHES
+    if m < exact_m:
+        exact_m = m
+    key = (stages, exact_m, warmup)
+    shape = _SHAPES.get(key)
+    if shape is None:
+        shape = _SHAPES[key] = (compiled_pipeline(stages, exact_m, warmup), cycle_names(stages))
+    run, names = shape
+    ends, per, at = run(f, b, latency, occupy_fwd, occupy_bwd, m)
+    return PipelineTime(ends[0], ends, per, names[at])
+
+
+# (stages, exact microbatches, warm-up) -> compiled functions and names: a cache of pure, immutable
+# results of schedule.py's generators (which are bounded LRU caches themselves), kept in one dict
+# so that the planner's inner loop pays one lookup per pipeline.
+_SHAPES: dict[tuple, tuple] = {}
 
 
 def latency_aware_warmup(

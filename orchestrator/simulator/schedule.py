@@ -20,6 +20,7 @@ from collections.abc import Callable
 Warmup = tuple[int, ...]
 
 
+@functools.lru_cache(maxsize=64)
 def standard_warmup(stages: int) -> Warmup:
     return tuple(stages - s - 1 for s in range(stages))
 
@@ -126,3 +127,45 @@ def compiled_cycles(stages: int, warmup: Warmup) -> Callable:
             lines.append(f"    means.append(w / {warmup[k] - warmup[k2] + 1})")
     lines.append("    return means")
     return _compile(lines, f"<1F1B cycles {stages} warm-up {warmup}>")
+
+
+@functools.lru_cache(maxsize=256)
+def compiled_pipeline(stages: int, exact_m: int, warmup: Warmup) -> Callable:
+    """``run(f, b, lat, of, ob, m) -> (stage end times, period, index of the critical cycle)``: the
+    cycle means of ``compiled_cycles`` (tracking their maximum), the exact schedule of ``exact_m``
+    microbatches and its extension by ``m - exact_m`` periods, in one function: the planner's inner
+    loop pays one call per pipeline."""
+    cycles = compiled_cycles(stages, warmup)
+    schedule = compiled_schedule(stages, exact_m, warmup)
+    source = ["def run(f, b, lat, of, ob, m):", "    best = -1.0; at = 0"]
+    index = 0
+    for s in range(stages - 1):
+        for value in (f"of[{s}]", f"ob[{s}]"):
+            source += [f"    v = {value}", f"    if v > best: best = v; at = {index}"]
+            index += 1
+    for k in range(stages):
+        source += [f"    w = f[{k}] + b[{k}]", f"    if w > best: best = w; at = {index}"]
+        index += 1
+        for k2 in range(k + 1, stages):
+            source.append(
+                f"    w += f[{k2}] + b[{k2}] + 2 * lat[{k2 - 1}] + of[{k2 - 1}] + ob[{k2 - 1}]"
+            )
+            source += [
+                f"    v = w / {warmup[k] - warmup[k2] + 1}",
+                f"    if v > best: best = v; at = {index}",
+            ]
+            index += 1
+    source += [
+        "    ends = schedule(f, b, lat, of, ob)",
+        f"    shift = (m - {exact_m}) * best",
+        "    if shift:",
+        "        ends = tuple([e + shift for e in ends])",
+        "    return ends, best, at",
+    ]
+    namespace: dict = {"schedule": schedule}
+    exec(
+        compile("\n".join(source), f"<1F1B pipeline {stages}x{exact_m} warm-up {warmup}>", "exec"),
+        namespace,
+    )  # noqa: S102
+    assert len(cycle_names(stages)) == index and cycles is not None
+    return namespace["run"]
