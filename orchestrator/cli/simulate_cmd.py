@@ -46,28 +46,44 @@ def add_simulate(commands: argparse._SubParsersAction, formatter: type) -> None:
     p.set_defaults(run=run_simulate)
 
 
-def estimate_plan(recipe: Recipe, plan: Plan, catalog: Catalog) -> tuple[Plan, Estimate, dict | None]:
+def estimate_plan(
+    recipe: Recipe, plan: Plan, catalog: Catalog
+) -> tuple[Plan, Estimate, dict | None]:
     """Check ``plan`` against the recipe, the catalog and the profile, then simulate it. The third
     value suggests a latency-aware warm-up when a link's round trip paces a pipeline."""
     plan = normalize_plan(plan, catalog)
     if plan.global_batch_size != recipe.training.global_batch_size:
-        raise PlanError(f"the plan's global_batch_size {plan.global_batch_size} differs from the recipe's "
-                        f"{recipe.training.global_batch_size}", field="global_batch_size",
-                        fix="use the recipe's global batch size in the plan")
+        raise PlanError(
+            f"the plan's global_batch_size {plan.global_batch_size} differs from the recipe's "
+            f"{recipe.training.global_batch_size}",
+            field="global_batch_size",
+            fix="use the recipe's global batch size in the plan",
+        )
     market = catalog.market(recipe.provider, Path(recipe.market) if recipe.market else None)
     network, prices, settings = views_for(catalog, market)
     gpus = {r.gpu for stage in plan.stages for r in stage.replicas}
     tps = {r.tp for stage in plan.stages for r in stage.replicas}
-    profile = profile_for_recipe(recipe, gpus, catalog, microbatch_sizes=[plan.microbatch_size], tp_degrees=tps)
+    profile = profile_for_recipe(
+        recipe, gpus, catalog, microbatch_sizes=[plan.microbatch_size], tp_degrees=tps
+    )
     check_plan_runs(plan, profile, network, prices)
     estimate = simulate(profile, plan, network=network, prices=prices, settings=settings)
     suggestion = None
     if estimate.bottleneck.startswith("loop"):
         warmup = latency_aware_plan_warmup(profile, plan, network)
-        better = simulate(profile, dataclasses.replace(plan, pipeline_warmup=warmup), network=network,
-                          prices=prices, settings=settings)
-        suggestion = {"pipeline_warmup": list(warmup), "samples_per_s": better.samples_per_s,
-                      "peak_memory_bytes": better.peak_memory_bytes, "oom": better.oom}
+        better = simulate(
+            profile,
+            dataclasses.replace(plan, pipeline_warmup=warmup),
+            network=network,
+            prices=prices,
+            settings=settings,
+        )
+        suggestion = {
+            "pipeline_warmup": list(warmup),
+            "samples_per_s": better.samples_per_s,
+            "peak_memory_bytes": better.peak_memory_bytes,
+            "oom": better.oom,
+        }
     return plan, estimate, suggestion
 
 
@@ -75,14 +91,22 @@ def run_simulate(args: argparse.Namespace, catalog: Catalog) -> int:
     recipe = load_recipe(args.recipe, catalog=catalog)
     plan, estimate, suggestion = estimate_plan(recipe, load_plan(args.plan), catalog)
     if args.json:
-        print_json({"recipe": recipe.name, "plan": str(args.plan), **estimate.to_dict(),
-                    "suggestions": [suggestion] if suggestion else []})
+        print_json(
+            {
+                "recipe": recipe.name,
+                "plan": str(args.plan),
+                **estimate.to_dict(),
+                "suggestions": [suggestion] if suggestion else [],
+            }
+        )
         return 0
     _print_estimate(plan, estimate)
     if suggestion:
-        print(f"suggestion: a link's round trip paces the pipeline; pipeline_warmup: {suggestion['pipeline_warmup']} "
-              f"gives {suggestion['samples_per_s']:,.2f} samples/s with peak memory "
-              f"{suggestion['peak_memory_bytes'] / GIB:.1f} GiB{' (OOM)' if suggestion['oom'] else ''}")
+        print(
+            f"suggestion: a link's round trip paces the pipeline; pipeline_warmup: {suggestion['pipeline_warmup']} "
+            f"gives {suggestion['samples_per_s']:,.2f} samples/s with peak memory "
+            f"{suggestion['peak_memory_bytes'] / GIB:.1f} GiB{' (OOM)' if suggestion['oom'] else ''}"
+        )
     return 0
 
 

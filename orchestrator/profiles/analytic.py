@@ -15,11 +15,12 @@ configs/simulator.yaml. Every such profile is marked ``estimated``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.catalog.gpus import GpuSpec, GpuTable
+from orchestrator.catalog.per_gpu import PerGpu, read_per_gpu
 from orchestrator.catalog.records import Entry, read_yaml
 from orchestrator.errors import UserError
 from orchestrator.profiles.profile import (
@@ -41,39 +42,6 @@ UPDATE_BYTES_PER_PARAM = {
     ("sgd", "mixed"): 2 + 2 * 4 + 2 * 4 + 2,  # fp32 master and momentum
     ("sgd", "fp32"): 4 + 2 * 4 + 2 * 4,
 }
-
-
-@dataclass(frozen=True)
-class PerGpu:
-    """A factor with a default and, optionally, its own value on some GPUs (catalog names)."""
-
-    default: float
-    by_gpu: tuple[tuple[str, float], ...] = ()
-
-    @classmethod
-    def of(cls, value: float | Mapping[str, float] | PerGpu) -> PerGpu:
-        """From a number (every GPU) or a mapping ``{default: x, <GPU name>: y, ...}``."""
-        if isinstance(value, PerGpu):
-            return value
-        if isinstance(value, Mapping):
-            if "default" not in value:
-                raise ValueError(f"a per-GPU factor needs a 'default' entry, got {dict(value)!r}")
-            others = tuple(sorted((str(k), float(v)) for k, v in value.items() if k != "default"))
-            return cls(float(value["default"]), others)
-        return cls(float(value))
-
-    def for_gpu(self, gpu: str | GpuSpec) -> float:
-        name = gpu.name if isinstance(gpu, GpuSpec) else gpu
-        for key, value in self.by_gpu:
-            if key == name:
-                return value
-        return self.default
-
-    def as_plain(self) -> float | dict[str, float]:
-        """A number when no GPU has its own value, else ``{default: .., <GPU>: ..}``."""
-        if not self.by_gpu:
-            return self.default
-        return {"default": self.default, **dict(self.by_gpu)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,14 +93,14 @@ class AnalyticSettings:
         entry = Entry(doc, ("analytic",))
         backward = entry.number("backward_factor", required=False)
         update = (
-            _per_gpu(entry, "update_memory_efficiency", gpus)
+            read_per_gpu(entry, "update_memory_efficiency", gpus)
             if "update_memory_efficiency" in entry.value
             else None
         )
         entry.used.add("update_memory_efficiency")
         settings = cls(
-            compute_efficiency=_per_gpu(entry, "compute_efficiency", gpus),
-            memory_efficiency=_per_gpu(entry, "memory_efficiency", gpus),
+            compute_efficiency=read_per_gpu(entry, "compute_efficiency", gpus),
+            memory_efficiency=read_per_gpu(entry, "memory_efficiency", gpus),
             layer_overhead_s=entry.number("layer_overhead_s", strictly_positive=False),
             elementwise_bytes_per_token_hidden=entry.number(
                 "elementwise_bytes_per_token_hidden", strictly_positive=False
@@ -143,48 +111,6 @@ class AnalyticSettings:
         )
         entry.done()
         return settings
-
-
-def _fraction(entry: Entry, key: str) -> float:
-    value = entry.number(key)
-    if value > 1:
-        entry.fail(
-            entry.path + (key,),
-            f"is a fraction of the GPU's peak and must be <= 1, got {value:g}",
-            f"correct {key}",
-        )
-    return value
-
-
-def _per_gpu(entry: Entry, key: str, gpus: GpuTable) -> PerGpu:
-    """``key: 0.4`` or ``key: {default: 0.4, A100: 0.46, ...}`` keyed by catalog GPU names."""
-    value = entry.raw(key)
-    if not isinstance(value, dict):
-        return PerGpu(_fraction(entry, key))
-    sub = Entry(entry.doc, entry.path + (key,), entry.label)
-    default = _fraction(sub, "default")
-    others = []
-    for name in value:
-        if name == "default":
-            continue
-        spec = gpus.find(str(name))
-        if spec is None:
-            close = gpus.suggest(str(name))
-            sub.fail(
-                sub.path + (name,),
-                f"'{name}' is not a GPU in {gpus.file}",
-                f"use a GPU name from {gpus.file}"
-                + (f" (did you mean '{close}'?)" if close else ""),
-            )
-        if spec.name != name:
-            sub.fail(
-                sub.path + (name,),
-                f"'{name}' is an alias of {spec.name}; per-GPU values are keyed by catalog names",
-                f"rename the key to '{spec.name}'",
-            )
-        others.append((spec.name, _fraction(sub, name)))
-    sub.done()
-    return PerGpu(default, tuple(sorted(others)))
 
 
 def _optimizer_key(optimizer: str, precision: str) -> tuple[str, str]:

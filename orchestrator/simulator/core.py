@@ -222,10 +222,12 @@ def _estimate(
     for s, kinds in enumerate(plan.stage_kinds):
         for replica, _ in kinds:
             for m in distinct_micro:
-                key = (s, replica.tp, m)
+                key = (s, replica.gpu, replica.tp, m)
                 terms = memory.get(key)
                 if terms is None:
-                    terms = memory[key] = memory_terms(profile, plan, s, replica.tp, m, settings)
+                    terms = memory[key] = memory_terms(
+                        profile, plan, s, replica.gpu, replica.tp, m, settings
+                    )
                 total = terms[0] + terms[1] + terms[2] + terms[3] + terms[4] + terms[5]
                 peak = total if total > peak else peak
                 oom = oom or total > capacity[replica.gpu]
@@ -323,7 +325,7 @@ def _breakdown(
             gpu=r.gpu,
             infra=r.infra,
             tp=r.tp,
-            parts=MemoryParts(*memory[(s, r.tp, micro[i])]),
+            parts=MemoryParts(*memory[(s, r.gpu, r.tp, micro[i])]),
             capacity_bytes=settings.capacity_bytes(r.gpu),
         )
         for s, stage in enumerate(plan.stages)

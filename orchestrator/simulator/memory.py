@@ -29,6 +29,7 @@ def memory_terms(
     profile: ModelProfile,
     plan: Plan,
     stage_index: int,
+    gpu: str,
     tp: int,
     microbatches: int,
     settings: SimulatorSettings,
@@ -54,7 +55,7 @@ def memory_terms(
         OPTIMIZER_STATE_BYTES.get(profile.optimizer, 8) + (4 if element == 2 else 0)
     )
     tensors = 2 * gradient_bytes + optimizer + activations + transfers + sync
-    overhead = settings.overhead_bytes(tp) + settings.fragmentation_fraction * tensors
+    overhead = settings.overhead_bytes(gpu, tp) + settings.fragmentation_fraction * tensors
     return gradient_bytes, gradient_bytes, optimizer, activations, transfers + sync, overhead
 
 
@@ -67,5 +68,5 @@ def replica_memory(
     settings: SimulatorSettings,
 ) -> MemoryParts:
     return MemoryParts(
-        *memory_terms(profile, plan, stage_index, replica.tp, microbatches, settings)
+        *memory_terms(profile, plan, stage_index, replica.gpu, replica.tp, microbatches, settings)
     )

@@ -6,23 +6,30 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from orchestrator.catalog import Catalog
+from orchestrator.catalog.per_gpu import PerGpu, read_per_gpu
 from orchestrator.catalog.records import Entry, read_yaml
 
 
 @dataclass(frozen=True, kw_only=True)
 class SimulatorSettings:
-    framework_overhead_bytes: float  # per GPU, beyond tensors
+    framework_overhead_bytes: PerGpu  # per GPU, beyond tensors, by GPU type
     tp_overhead_bytes: float  # extra per GPU when TP > 1
     fragmentation_fraction: float
     bucket_bytes: float
     overlap_grad_sync: bool
     gpu_memory_bytes: Mapping[str, float]  # capacity by GPU name
 
-    def overhead_bytes(self, tp: int) -> float:
-        return self.framework_overhead_bytes + (self.tp_overhead_bytes if tp > 1 else 0.0)
+    def overhead_bytes(self, gpu: str, tp: int) -> float:
+        return self.framework_overhead_bytes.for_gpu(gpu) + (
+            self.tp_overhead_bytes if tp > 1 else 0.0
+        )
 
     def capacity_bytes(self, gpu: str) -> float:
         return self.gpu_memory_bytes[gpu]
+
+
+def _bytes(entry: Entry, key: str) -> float:
+    return entry.number(key, strictly_positive=False)
 
 
 def load_settings(catalog: Catalog) -> SimulatorSettings:
@@ -38,7 +45,9 @@ def load_settings(catalog: Catalog) -> SimulatorSettings:
             "write true or false",
         )
     settings = SimulatorSettings(
-        framework_overhead_bytes=memory.number("framework_overhead_bytes", strictly_positive=False),
+        framework_overhead_bytes=read_per_gpu(
+            memory, "framework_overhead_bytes", catalog.gpus, _bytes
+        ),
         tp_overhead_bytes=memory.number("tp_overhead_bytes", strictly_positive=False),
         fragmentation_fraction=memory.number("fragmentation_fraction", strictly_positive=False),
         bucket_bytes=comm.number("bucket_bytes"),

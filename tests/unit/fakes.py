@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from orchestrator.catalog.per_gpu import PerGpu
 from orchestrator.plan import Plan, Replica
 from orchestrator.profiles.profile import GpuProfile, LayerTable, ModelProfile, TimeTable
 from orchestrator.simulator.settings import SimulatorSettings
@@ -74,7 +75,7 @@ def settings(
     *, overlap: bool = False, overhead: float = 0.0, fragmentation: float = 0.0
 ) -> SimulatorSettings:
     return SimulatorSettings(
-        framework_overhead_bytes=overhead,
+        framework_overhead_bytes=PerGpu(overhead),
         tp_overhead_bytes=0.0,
         fragmentation_fraction=fragmentation,
         bucket_bytes=25 * 2**20,

@@ -168,3 +168,17 @@ def test_egress_of_a_plan_crossing_a_region_and_a_cloud():
     t4_hour = prices.gpu_hour_usd("T4", places[0], spot=True, tp=1)
     assert e.cost_per_hour_usd > t4_hour > 0
     assert e.cost_per_million_samples_usd == pytest.approx(e.cost_per_iteration_usd / m * 1e6)
+
+
+def test_framework_overhead_by_gpu_type():
+    from orchestrator.catalog.per_gpu import PerGpu
+
+    base = settings()
+    by_type = type(base)(
+        **{**base.__dict__, "framework_overhead_bytes": PerGpu(1e9, (("V100", 3e9),))}
+    )
+    profile = uniform_profile()
+    a100 = run(profile, plan([(0, 8)], [["p/r/z"]], gpu="A100", batch=8), sim_settings=by_type)
+    v100 = run(profile, plan([(0, 8)], [["p/r/z"]], gpu="V100", batch=8), sim_settings=by_type)
+    assert a100.memory[0].parts.overhead == pytest.approx(1e9)
+    assert v100.memory[0].parts.overhead == pytest.approx(3e9)
