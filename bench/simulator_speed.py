@@ -2,13 +2,17 @@
 
 Usage: python bench/simulator_speed.py [--plans N] [--repeat R]
 
-The plans are what a planner would try for OPT-350M (SAILOR's profiles) on A100 and V100 GPUs in
-four GCP zones: a random split of the 26 layers into 4 stages, a random microbatch size (1, 2 or 4
-of a global batch of 1024, so 32-128 microbatches per pipeline), and 8 pipelines of two kinds (GPU
-type and zone) in a random proportion; in half of the plans each pipeline alternates two zones from
-stage to stage, so its activations cross zones. Every plan is new to the simulator: only the static
-tables (profile prefix sums, link and price lookups, and collective costs per data-parallel group)
-are reused, as they are in the planner's inner loop. The target (issue 3) is 20,000 estimates/s.
+Plans of OPT-350M (SAILOR's profiles) on A100 and V100 GPUs in four GCP zones, 4 stages x 8
+replicas, two readings for each of two kinds of plan:
+(a) one plan estimated again and again, the Plan object rebuilt each time so nothing is cached on
+    it: the cost of one estimate of a 4-stage, 8-replica plan (issue 3's target, 20,000/s);
+(b) a stream of distinct plans as a planner's search produces them: a random split of the 26
+    layers into 4 stages, a random microbatch size (1, 2 or 4 of a global batch of 1024, so 32-128
+    microbatches per pipeline); only static tables are reused (profile prefix sums, link and price
+    lookups, collective costs per data-parallel group), as in the planner's inner loop.
+Kinds of plan: 8 identical pipelines of one GPU type in one zone; or two kinds of pipeline (GPU type
+and zone) in a random proportion, in half of the plans alternating two zones from stage to stage so
+that activations cross zones.
 """
 
 from __future__ import annotations
@@ -64,6 +68,13 @@ def make_plans(count: int, seed: int, *, mixed: bool = True) -> list[Plan]:
     return plans
 
 
+def rebuild(plan: Plan) -> Plan:
+    """A new Plan object equal to ``plan``, built as planners build plans."""
+    groups = [(count, [stage.replicas[first] for stage in plan.stages]) for first, count in plan.pipeline_groups]
+    return Plan.from_pipelines(global_batch_size=plan.global_batch_size, microbatch_size=plan.microbatch_size,
+                               layers=[stage.layers for stage in plan.stages], pipelines=groups)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plans", type=int, default=2000)
@@ -83,22 +94,26 @@ def main() -> None:
 
     profile = import_sailor(model_spec("opt-350m"), ["A100", "V100"], catalog, update)
     network, prices, sim_settings = views_for(catalog, catalog.market("gcp"))
-    for mixed in (False, True):
-        rates = []
-        for repeat in range(args.repeat):
-            plans = make_plans(
-                args.plans, seed=repeat, mixed=mixed
-            )  # fresh plans: nothing cached on them
-            start = time.perf_counter()
-            for plan in plans:
-                simulate(profile, plan, network=network, prices=prices, settings=sim_settings)
-            rates.append(len(plans) / (time.perf_counter() - start))
+    def rate(plans: list[Plan]) -> float:
+        start = time.perf_counter()
+        for plan in plans:
+            simulate(profile, plan, network=network, prices=prices, settings=sim_settings)
+        return len(plans) / (time.perf_counter() - start)
+
+    def report(label: str, rates: list[float]) -> None:
         median = statistics.median(rates)
+        print(f"{label:58s} {median:9,.0f} estimates/s median ({max(rates):,.0f} best) = "
+              f"{median / TARGET_PER_S:.2f}x the {TARGET_PER_S:,}/s target")
+
+    for mixed in (False, True):
         kind = "two kinds of pipeline, half crossing zones" if mixed else "one GPU type in one zone"
-        print(
-            f"{kind:45s} {median:9,.0f} estimates/s median ({max(rates):,.0f} best) = "
-            f"{median / TARGET_PER_S:.2f}x the {TARGET_PER_S:,}/s target"
-        )
+        # (a) one plan estimated again and again, rebuilt each time the way a planner builds plans
+        # (Plan.from_pipelines), so nothing is cached on the plan object
+        template = make_plans(1, seed=99, mixed=mixed)[0]
+        report(f"same plan, {kind}",
+               [rate([rebuild(template) for _ in range(args.plans)]) for _ in range(args.repeat)])
+        # (b) a stream of distinct plans, as a planner's search produces them
+        report(f"distinct plans, {kind}", [rate(make_plans(args.plans, seed=r, mixed=mixed)) for r in range(args.repeat)])
 
 
 if __name__ == "__main__":
