@@ -27,13 +27,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.catalog import default_catalog  # noqa: E402
 from orchestrator.plan import Plan, Replica  # noqa: E402
-from orchestrator.profiles import analytic_settings  # noqa: E402
-from orchestrator.profiles.analytic import update_seconds  # noqa: E402
-from orchestrator.profiles.sailor import import_sailor  # noqa: E402
+from orchestrator.profiles import sailor_profile  # noqa: E402
 from orchestrator.simulator import latency_aware_plan_warmup, simulate, views_for  # noqa: E402
 from orchestrator.simulator.pipeline import pipeline_time  # noqa: E402
 from orchestrator.simulator.pipeline import simulate as full_schedule
-from runtime.models.specs import model_spec  # noqa: E402
 
 BUCKET_BYTES = 500e6
 GIB = 2**30
@@ -224,19 +221,9 @@ def part2(profiles, network) -> None:
 
 def main() -> None:
     catalog = default_catalog()
-    settings = analytic_settings(catalog)
-
-    def update(gpu, params):
-        return update_seconds(
-            catalog.gpus.get(gpu),
-            params,
-            optimizer="adam",
-            precision="fp16-mixed",
-            settings=settings,
-        )
 
     profiles = {
-        name: import_sailor(model_spec(name), ["A100", "V100"], catalog, update)
+        name: sailor_profile(name, ["A100", "V100"], catalog)
         for name in ("opt-350m", "gpt-neo-2.7b")
     }
     network, prices, sim_settings = views_for(catalog, catalog.market("gcp"))

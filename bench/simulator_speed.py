@@ -28,11 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.catalog import default_catalog  # noqa: E402
 from orchestrator.plan import Plan, Replica, check_plan  # noqa: E402
-from orchestrator.profiles import analytic_settings  # noqa: E402
-from orchestrator.profiles.analytic import update_seconds  # noqa: E402
-from orchestrator.profiles.sailor import import_sailor  # noqa: E402
+from orchestrator.profiles import sailor_profile  # noqa: E402
 from orchestrator.simulator import simulate, views_for  # noqa: E402
-from runtime.models.specs import model_spec  # noqa: E402
 
 ZONES = ["us-central1-a", "us-central1-b", "us-central1-c", "us-central1-f"]
 TARGET_PER_S = 20_000
@@ -70,9 +67,16 @@ def make_plans(count: int, seed: int, *, mixed: bool = True) -> list[Plan]:
 
 def rebuild(plan: Plan) -> Plan:
     """A new Plan object equal to ``plan``, built as planners build plans."""
-    groups = [(count, [stage.replicas[first] for stage in plan.stages]) for first, count in plan.pipeline_groups]
-    return Plan.from_pipelines(global_batch_size=plan.global_batch_size, microbatch_size=plan.microbatch_size,
-                               layers=[stage.layers for stage in plan.stages], pipelines=groups)
+    groups = [
+        (count, [stage.replicas[first] for stage in plan.stages])
+        for first, count in plan.pipeline_groups
+    ]
+    return Plan.from_pipelines(
+        global_batch_size=plan.global_batch_size,
+        microbatch_size=plan.microbatch_size,
+        layers=[stage.layers for stage in plan.stages],
+        pipelines=groups,
+    )
 
 
 def main() -> None:
@@ -81,19 +85,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
     catalog = default_catalog()
-    settings = analytic_settings(catalog)
 
-    def update(gpu: str, params: float) -> float:
-        return update_seconds(
-            catalog.gpus.get(gpu),
-            params,
-            optimizer="adam",
-            precision="fp16-mixed",
-            settings=settings,
-        )
-
-    profile = import_sailor(model_spec("opt-350m"), ["A100", "V100"], catalog, update)
+    profile = sailor_profile("opt-350m", ["A100", "V100"], catalog)
     network, prices, sim_settings = views_for(catalog, catalog.market("gcp"))
+
     def rate(plans: list[Plan]) -> float:
         start = time.perf_counter()
         for plan in plans:
@@ -102,18 +97,25 @@ def main() -> None:
 
     def report(label: str, rates: list[float]) -> None:
         median = statistics.median(rates)
-        print(f"{label:58s} {median:9,.0f} estimates/s median ({max(rates):,.0f} best) = "
-              f"{median / TARGET_PER_S:.2f}x the {TARGET_PER_S:,}/s target")
+        print(
+            f"{label:58s} {median:9,.0f} estimates/s median ({max(rates):,.0f} best) = "
+            f"{median / TARGET_PER_S:.2f}x the {TARGET_PER_S:,}/s target"
+        )
 
     for mixed in (False, True):
         kind = "two kinds of pipeline, half crossing zones" if mixed else "one GPU type in one zone"
         # (a) one plan estimated again and again, rebuilt each time the way a planner builds plans
         # (Plan.from_pipelines), so nothing is cached on the plan object
         template = make_plans(1, seed=99, mixed=mixed)[0]
-        report(f"same plan, {kind}",
-               [rate([rebuild(template) for _ in range(args.plans)]) for _ in range(args.repeat)])
+        report(
+            f"same plan, {kind}",
+            [rate([rebuild(template) for _ in range(args.plans)]) for _ in range(args.repeat)],
+        )
         # (b) a stream of distinct plans, as a planner's search produces them
-        report(f"distinct plans, {kind}", [rate(make_plans(args.plans, seed=r, mixed=mixed)) for r in range(args.repeat)])
+        report(
+            f"distinct plans, {kind}",
+            [rate(make_plans(args.plans, seed=r, mixed=mixed)) for r in range(args.repeat)],
+        )
 
 
 if __name__ == "__main__":

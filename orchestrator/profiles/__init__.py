@@ -18,11 +18,28 @@ from orchestrator.profiles.sailor import import_sailor, sailor_gpus
 from orchestrator.recipe import Recipe
 from runtime.models.specs import model_spec
 
-__all__ = ["ModelProfile", "analytic_settings", "profile_for_recipe"]
+__all__ = ["ModelProfile", "analytic_settings", "profile_for_recipe", "sailor_profile"]
 
 
 def analytic_settings(catalog: Catalog) -> AnalyticSettings:
     return AnalyticSettings.load(catalog.configs_dir / "simulator.yaml", "configs/simulator.yaml")
+
+
+def sailor_profile(model: str, gpus: Iterable[str], catalog: Catalog) -> ModelProfile:
+    """SAILOR's measured profile of built-in ``model`` on ``gpus`` (catalog names); where SAILOR
+    recorded no optimizer step, it is estimated from memory bandwidth."""
+    settings = analytic_settings(catalog)
+
+    def update(gpu: str, params: float) -> float:
+        return update_seconds(
+            catalog.gpus.get(gpu),
+            params,
+            optimizer="adam",
+            precision="fp16-mixed",
+            settings=settings,
+        )
+
+    return import_sailor(model_spec(model), list(gpus), catalog, update)
 
 
 def profile_for_recipe(
@@ -55,16 +72,7 @@ def profile_for_recipe(
         imported = gpus  # import_sailor names any GPU SAILOR lacks
     estimated = [g for g in gpus if g not in imported]
 
-    def update(gpu: str, params: float) -> float:
-        return update_seconds(
-            catalog.gpus.get(gpu),
-            params,
-            optimizer="adam",
-            precision="fp16-mixed",
-            settings=settings,
-        )
-
-    profile = import_sailor(spec, imported, catalog, update) if imported else None
+    profile = sailor_profile(spec.name, imported, catalog) if imported else None
     if estimated:
         sizes = set(microbatch_sizes) | set(recipe.training.microbatch_sizes)
         tps = {1} | set(tp_degrees) | set(recipe.parallelism.tensor_parallel)

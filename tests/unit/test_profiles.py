@@ -8,23 +8,13 @@ import pytest
 
 from orchestrator.catalog.catalog import PACKAGED_CONFIGS_DIR
 from orchestrator.errors import UserError
-from orchestrator.profiles import profile_for_recipe
-from orchestrator.profiles.analytic import update_seconds
+from orchestrator.profiles import profile_for_recipe, sailor_profile
 from orchestrator.profiles.profile import load_profile_json, profile_to_json
-from orchestrator.profiles.sailor import import_sailor, sailor_gpus
+from orchestrator.profiles.sailor import sailor_gpus
 from orchestrator.recipe import parse_recipe
 from runtime.models.specs import model_spec
 
 SAILOR = PACKAGED_CONFIGS_DIR / "profiles" / "sailor"
-
-
-def _update(catalog):
-    from orchestrator.profiles import analytic_settings
-
-    settings = analytic_settings(catalog)
-    return lambda gpu, params: update_seconds(
-        catalog.gpus.get(gpu), params, optimizer="adam", precision="fp16-mixed", settings=settings
-    )
 
 
 def recipe(text: str, tmp_path):
@@ -32,7 +22,7 @@ def recipe(text: str, tmp_path):
 
 
 def test_sailor_import_keeps_measured_figures(catalog):
-    profile = import_sailor(model_spec("opt-350m"), ["A100", "V100"], catalog, _update(catalog))
+    profile = sailor_profile("opt-350m", ["A100", "V100"], catalog)
     raw = json.loads((SAILOR / "OPT-350" / "A100-40" / "profile.json").read_text())
     info = json.loads((SAILOR / "llm_info.json").read_text())["OPT-350"]
     table = profile.time_table("A100", 2, 1)
@@ -64,13 +54,13 @@ def test_sailor_gpus_map_to_catalog_names(catalog):
 
 def test_inconsistent_sailor_file_is_reported(catalog):
     with pytest.raises(UserError) as info:
-        import_sailor(model_spec("gpt-neo-2.7b"), ["GH200"], catalog, _update(catalog))
+        sailor_profile("gpt-neo-2.7b", ["GH200"], catalog)
     assert "26 layers" in info.value.message and "inconsistent" in info.value.message
 
 
 def test_missing_gpu_says_where_sailor_measured(catalog):
     with pytest.raises(UserError) as info:
-        import_sailor(model_spec("opt-350m"), ["T4"], catalog, _update(catalog))
+        sailor_profile("opt-350m", ["T4"], catalog)
     assert "did not profile opt-350m on T4" in info.value.message and "A100" in info.value.fix
 
 
@@ -110,7 +100,7 @@ def test_forced_sources(catalog, tmp_path):
 
 
 def test_json_round_trip(catalog, tmp_path):
-    profile = import_sailor(model_spec("opt-350m"), ["V100"], catalog, _update(catalog))
+    profile = sailor_profile("opt-350m", ["V100"], catalog)
     path = tmp_path / "profile.json"
     path.write_text(json.dumps(profile_to_json(profile, "V100")))
     loaded = load_profile_json(path)
@@ -141,7 +131,7 @@ def test_bad_profile_file(tmp_path, document, fragment):
 
 
 def test_missing_microbatch_size_is_scaled(catalog):
-    profile = import_sailor(model_spec("opt-350m"), ["A100"], catalog, _update(catalog))
+    profile = sailor_profile("opt-350m", ["A100"], catalog)
     three = profile.time_table("A100", 3, 1)
     two = profile.time_table("A100", 2, 1)
     assert three.scaled_from_mbs == 2
@@ -149,7 +139,7 @@ def test_missing_microbatch_size_is_scaled(catalog):
 
 
 def test_range_queries(catalog):
-    profile = import_sailor(model_spec("opt-350m"), ["A100"], catalog, _update(catalog))
+    profile = sailor_profile("opt-350m", ["A100"], catalog)
     table = profile.time_table("A100", 1, 1)
     assert table.stage(3, 9)[0] == pytest.approx(sum(table.forward_s[3:9]))
     params, kept, received, sent = profile.stage_facts(1, 3, 9)

@@ -17,11 +17,8 @@ import pytest
 from orchestrator.catalog import Catalog
 from orchestrator.catalog.catalog import PACKAGED_CONFIGS_DIR
 from orchestrator.plan import Plan, Replica
-from orchestrator.profiles import analytic_settings
-from orchestrator.profiles.analytic import update_seconds
-from orchestrator.profiles.sailor import import_sailor
+from orchestrator.profiles import sailor_profile
 from orchestrator.simulator import latency_aware_plan_warmup, simulate, views_for
-from runtime.models.specs import model_spec
 
 from .fakes import FakeNetwork, FakePrices, settings, uniform_profile
 
@@ -40,18 +37,8 @@ def seeds_world(tmp_path_factory):
     index.write_text(re.sub(r"\nmeasured:\n(.|\n)*", "\nmeasured: []\n", text))
     catalog = Catalog(configs)
     assert not catalog.network.zone_pairs and not catalog.network.region_pairs
-    analytic = analytic_settings(catalog)
 
-    def update(gpu, params):
-        return update_seconds(
-            catalog.gpus.get(gpu),
-            params,
-            optimizer="adam",
-            precision="fp16-mixed",
-            settings=analytic,
-        )
-
-    profile = import_sailor(model_spec("opt-350m"), ["A100"], catalog, update)
+    profile = sailor_profile("opt-350m", ["A100"], catalog)
     network, prices, sim_settings = views_for(catalog, catalog.market("gcp"))
 
     def estimate(stage_places: list[list[str]], *, allreduce: str = "hierarchical", layers=None):
