@@ -1,0 +1,79 @@
+"""The planner: which GPUs to rent where, and how to split the model over them.
+
+    result = plan_recipe(recipe, catalog, top_k=5)
+    result.plans[0].plan, result.plans[0].estimate
+
+Every candidate is scored by the simulator (docs/planner.md describes the plan space, the bounds
+and the heuristics).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.catalog import Catalog, OfferTable
+from orchestrator.planner.candidates import Evaluated, Evaluator
+from orchestrator.planner.objective import Objective, RiskModel
+from orchestrator.planner.search import SearchOptions, SearchResult, search
+from orchestrator.planner.space import SearchSpace, build_space
+from orchestrator.profiles import profile_for_recipe
+from orchestrator.recipe import Recipe
+from orchestrator.simulator import views_for
+
+__all__ = [
+    "Evaluated",
+    "Objective",
+    "PlanningContext",
+    "SearchOptions",
+    "SearchResult",
+    "plan_recipe",
+    "prepare",
+]
+
+
+@dataclass
+class PlanningContext:
+    space: SearchSpace
+    evaluator: Evaluator
+
+
+def prepare(recipe: Recipe, catalog: Catalog, market: OfferTable | None = None) -> PlanningContext:
+    """The search space and evaluator for ``recipe`` over ``market`` (default: the recipe's)."""
+    if market is None:
+        market = catalog.market(recipe.provider, Path(recipe.market) if recipe.market else None)
+    space = build_space(recipe, market, catalog)
+    profile = profile_for_recipe(
+        recipe,
+        space.gpu_types,
+        catalog,
+        microbatch_sizes=space.microbatch_sizes,
+        tp_degrees=space.tp_degrees,
+    )
+    if profile.num_layers != space.num_layers:
+        space = build_space(recipe, market, catalog, num_layers=profile.num_layers)
+    network, prices, settings = views_for(catalog, market)
+    objective = Objective.from_recipe(recipe)
+    risk = RiskModel.load(catalog) if objective.risk_aware else None
+    evaluator = Evaluator(
+        space,
+        profile,
+        objective,
+        network=network,
+        prices=prices,
+        settings=settings,
+        risk=risk,
+        checkpoint_every_steps=recipe.checkpointing.every_steps,
+    )
+    return PlanningContext(space, evaluator)
+
+
+def plan_recipe(
+    recipe: Recipe,
+    catalog: Catalog,
+    market: OfferTable | None = None,
+    options: SearchOptions | None = None,
+) -> SearchResult:
+    """The best plans for ``recipe`` on ``market``, best first (``options.top_k`` of them)."""
+    context = prepare(recipe, catalog, market)
+    return search(context.evaluator, context.space, options)

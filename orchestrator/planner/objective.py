@@ -1,0 +1,152 @@
+"""How the planner scores an estimate: the recipe's goal, its limits, and preemption risk.
+
+Goals: ``max_throughput`` (samples/s, optionally under a $/h budget) and ``min_cost`` ($ per sample,
+optionally above a throughput floor, given directly or implied by a deadline for the recipe's steps).
+A total budget (``budget_usd``) bounds the whole run. $/h counts compute and egress.
+
+Risk-aware scoring (Parcae's "liveput" idea, simplified): each spot VM is preempted at its place's
+rate; each preemption costs time. With two or more replicas per stage the lost stage's state is
+copied from a survivor and training goes on with one replica fewer until a replacement arrives;
+with one replica it waits for the replacement and restores the last checkpoint, redoing half a
+checkpoint interval on average. Expected throughput = throughput x (1 - preemptions per hour x
+seconds lost per preemption / 3600). Rates and times come from the market, else configs/planner.yaml.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from orchestrator.catalog import Catalog
+from orchestrator.catalog.records import Entry, read_yaml
+from orchestrator.plan import Plan
+from orchestrator.recipe import Recipe
+from orchestrator.simulator import Estimate
+
+
+@dataclass(frozen=True)
+class Objective:
+    goal: str  # max_throughput | min_cost
+    budget_usd_per_hour: float | None = None
+    min_samples_per_s: float | None = None  # a floor, or what a deadline needs
+    budget_usd: float | None = None
+    steps: int = 1
+    risk_aware: bool = False
+
+    @classmethod
+    def from_recipe(cls, recipe: Recipe) -> Objective:
+        o, t = recipe.objective, recipe.training
+        floor = o.min_throughput_samples_per_s
+        if o.deadline_h:
+            floor = t.steps * t.global_batch_size / (o.deadline_h * 3600)
+        return cls(
+            goal=o.goal,
+            budget_usd_per_hour=o.budget_usd_per_hour,
+            min_samples_per_s=floor,
+            budget_usd=o.budget_usd,
+            steps=t.steps,
+            risk_aware=o.risk_aware,
+        )
+
+
+class Score(NamedTuple):
+    feasible: bool
+    value: float  # higher is better: samples/s, or minus $ per 1M samples
+    samples_per_s: float  # expected under preemptions when risk-aware
+    cost_per_million_samples_usd: float
+    spend_usd_per_hour: float  # compute + egress
+    violation: str  # which limit it breaks ("" if none)
+
+
+@dataclass(frozen=True)
+class RiskModel:
+    rate_per_hour: dict[
+        str, float
+    ]  # default spot preemption rate by cloud ("default" for the rest)
+    replacement_s: dict[str, float]
+    copy_s: dict[str, float]
+    restore_s: dict[str, float]
+
+    @classmethod
+    def load(cls, catalog: Catalog) -> RiskModel:
+        doc = read_yaml(catalog.configs_dir / "planner.yaml", "configs/planner.yaml")
+        entry = Entry(doc, ("risk",))
+
+        def by_cloud(key: str) -> dict[str, float]:
+            raw = entry.raw(key)
+            if (
+                not isinstance(raw, dict)
+                or "default" not in raw
+                or not all(isinstance(v, (int, float)) and v >= 0 for v in raw.values())
+            ):
+                entry.fail(
+                    entry.path + (key,),
+                    "expected {default: seconds-or-rate, <cloud>: ...} >= 0",
+                    "write e.g. {default: 300, local: 10}",
+                )
+            return {str(k): float(v) for k, v in raw.items()}
+
+        model = cls(
+            by_cloud("default_spot_preemption_rate_per_hour"),
+            by_cloud("replacement_s"),
+            by_cloud("copy_from_replica_s"),
+            by_cloud("restore_from_checkpoint_s"),
+        )
+        entry.text("source")
+        entry.done()
+        return model
+
+    @staticmethod
+    def _get(table: dict[str, float], cloud: str) -> float:
+        return table.get(cloud, table["default"])
+
+    def live_fraction(
+        self,
+        plan: Plan,
+        estimate: Estimate,
+        rates: dict[str, tuple[str, float | None]],
+        checkpoint_every_steps: int,
+    ) -> float:
+        """Share of time spent training, given preemptions. ``rates``: infra -> (cloud, market rate)."""
+        lost_per_hour = 0.0
+        for stage in plan.stages:
+            for replica in stage.replicas:
+                if not replica.spot:
+                    continue
+                cloud, rate = rates[replica.infra]
+                rate = self._get(self.rate_per_hour, cloud) if rate is None else rate
+                if plan.dp_degree >= 2:
+                    loss = (
+                        self._get(self.copy_s, cloud)
+                        + self._get(self.replacement_s, cloud) / plan.dp_degree
+                    )
+                else:
+                    loss = (
+                        self._get(self.replacement_s, cloud)
+                        + self._get(self.restore_s, cloud)
+                        + checkpoint_every_steps * estimate.iteration_time_s / 2
+                    )
+                lost_per_hour += rate * loss
+        return max(0.0, 1.0 - lost_per_hour / 3600)
+
+
+def score(estimate: Estimate, objective: Objective, live_fraction: float = 1.0) -> Score:
+    """Feasibility and value of one estimate under the objective."""
+    samples = estimate.samples_per_s * live_fraction
+    per_iteration = estimate.cost_per_iteration_usd
+    spend = per_iteration / estimate.iteration_time_s * 3600
+    per_million = per_iteration / estimate.global_batch_size * 1e6 / max(live_fraction, 1e-9)
+    violation = ""
+    if estimate.oom:
+        violation = "memory"
+    elif objective.budget_usd_per_hour is not None and spend > objective.budget_usd_per_hour:
+        violation = "budget_usd_per_hour"
+    elif objective.min_samples_per_s is not None and samples < objective.min_samples_per_s:
+        violation = "throughput floor"
+    elif (
+        objective.budget_usd is not None
+        and per_iteration * objective.steps / max(live_fraction, 1e-9) > objective.budget_usd
+    ):
+        violation = "budget_usd"
+    value = samples if objective.goal == "max_throughput" else -per_million
+    return Score(not violation, value, samples, per_million, spend, violation)

@@ -1,0 +1,149 @@
+"""What the planner may choose from: GPUs by place, and the options the recipe allows.
+
+A *resource* is one GPU type in one place of the market, with how many GPUs it can give, its
+largest VM (tensor parallelism stays inside a node), and whether it has a spot price. The options
+come from the recipe: microbatch sizes, TP degrees, stage count, DP degrees, sync algorithms,
+compression, spot or on-demand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from orchestrator.catalog import Catalog, Location, OfferTable
+from orchestrator.errors import UserError
+from orchestrator.recipe import Recipe
+from runtime.models.specs import model_spec
+
+
+@dataclass(frozen=True)
+class Resource:
+    infra: str  # the place, as offers name it
+    region: str  # cloud/region
+    cloud: str
+    gpu: str
+    capacity: int  # GPUs this place can give
+    max_node_gpus: int
+    has_spot: bool
+    preemption_rate_per_hour: float | None  # from the market, per spot VM-hour
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    resources: tuple[Resource, ...]
+    microbatch_sizes: tuple[int, ...]
+    tp_degrees: tuple[int, ...]
+    max_stages: int
+    data_parallel: tuple[int, ...]  # allowed DP degrees; empty: any
+    max_gpus: int | None
+    allreduce: tuple[str, ...]
+    compression: tuple[str, ...]
+    spot_options: tuple[bool, ...]
+    streams: int
+    global_batch_size: int
+    num_layers: int
+
+    @property
+    def gpu_types(self) -> tuple[str, ...]:
+        return tuple(sorted({r.gpu for r in self.resources}))
+
+    def places(self, gpu: str, tp: int, spot: bool) -> tuple[Resource, ...]:
+        """Places that can host a replica of ``tp`` GPUs of ``gpu``, priced as asked."""
+        return tuple(
+            r
+            for r in self.resources
+            if r.gpu == gpu and r.max_node_gpus >= tp and (r.has_spot or not spot)
+        )
+
+    def capacity(self, gpu: str) -> int:
+        total = sum(r.capacity for r in self.resources if r.gpu == gpu)
+        return min(total, self.max_gpus) if self.max_gpus else total
+
+
+def build_space(
+    recipe: Recipe, market: OfferTable, catalog: Catalog, *, num_layers: int | None = None
+) -> SearchSpace:
+    """The planner's choices for ``recipe`` on ``market`` (already the provider's or a user's)."""
+    k = recipe.constraints
+    within = [catalog.location(t) for t in k.locations]
+    exclude = [catalog.location(t) for t in k.exclude_locations]
+    offers = market.query(
+        gpus=k.gpu_types,
+        within=within,
+        exclude=exclude,
+        pricing="spot" if k.pricing == "spot" else "any",
+    )
+    if not offers:
+        raise UserError(
+            "no GPU offer is left by the recipe's constraints",
+            field="constraints",
+            fix="allow more locations or GPU types (python -m orchestrator validate RECIPE says which)",
+        )
+    resources = _resources(offers, k.max_gpus, catalog)
+    spec = model_spec(recipe.model.name)
+    layers = num_layers or spec.num_layers
+    runtime = recipe.runtime
+    return SearchSpace(
+        resources=resources,
+        microbatch_sizes=tuple(
+            sorted(
+                m
+                for m in recipe.training.microbatch_sizes
+                if recipe.training.global_batch_size % m == 0
+            )
+        ),
+        tp_degrees=tuple(
+            sorted(recipe.parallelism.tensor_parallel if spec.family == "gpt" else (1,))
+        ),
+        max_stages=min(layers, recipe.parallelism.max_pipeline_stages or layers),
+        data_parallel=tuple(sorted(recipe.parallelism.data_parallel)),
+        max_gpus=k.max_gpus,
+        allreduce=("flat", "hierarchical") if runtime.allreduce == "auto" else (runtime.allreduce,),
+        compression=("none",) if runtime.compression == "none" else ("none", runtime.compression),
+        spot_options={"spot": (True,), "on_demand": (False,), "any": (True, False)}[k.pricing],
+        streams=runtime.streams,
+        global_batch_size=recipe.training.global_batch_size,
+        num_layers=layers,
+    )
+
+
+def _resources(offers, max_gpus: int | None, catalog: Catalog) -> tuple[Resource, ...]:
+    grouped: dict[tuple[str, str], list] = {}
+    for offer in offers:
+        grouped.setdefault((str(offer.location), offer.gpu), []).append(offer)
+    resources = []
+    for (infra, gpu), here in sorted(grouped.items()):
+        counts = [
+            o.available_count * o.gpus_per_node for o in here if o.available_count is not None
+        ]
+        unknown = any(o.available_count is None for o in here)
+        if unknown and max_gpus is None:
+            raise UserError(
+                f"the market does not say how many {gpu} GPUs {infra} can give, and the recipe sets no max_gpus",
+                field="constraints.max_gpus",
+                fix="set constraints.max_gpus, or plan against a market file with available_count",
+            )
+        capacity = max_gpus if unknown else sum(counts)
+        if capacity <= 0:
+            continue
+        location = Location.parse(infra)
+        rates = [o.preemption_rate_per_hour for o in here if o.preemption_rate_per_hour is not None]
+        resources.append(
+            Resource(
+                infra=infra,
+                region=f"{location.cloud}/{location.region}",
+                cloud=location.cloud,
+                gpu=gpu,
+                capacity=capacity,
+                max_node_gpus=max(o.gpus_per_node for o in here),
+                has_spot=any(o.spot_usd_per_hour is not None for o in here),
+                preemption_rate_per_hour=max(rates) if rates else None,
+            )
+        )
+    if not resources:
+        raise UserError(
+            "every allowed offer has no GPU available now",
+            field="market",
+            fix="wait for capacity, or allow other locations",
+        )
+    return tuple(resources)

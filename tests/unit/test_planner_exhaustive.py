@@ -1,0 +1,113 @@
+"""The planner against exhaustive search on seeded random small markets, for every objective.
+
+Each market: up to 16 GPUs of 2 types (T4, L4) in 3 places of 2 regions (two zones of us-central1,
+one of europe-west1), random capacities, prices and preemption rates. The model is gpt-tiny (6
+layers) with analytic profiles. Limits (budget, throughput floor, deadline) are set from what the
+market can do, so that they bind. The planner's best plan must be within 1% of the exhaustive best.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from orchestrator.catalog import OFFER_COLUMNS, default_catalog
+from orchestrator.planner import SearchOptions, prepare
+from orchestrator.planner.exhaustive import best, enumerate_all
+from orchestrator.planner.search import search
+from orchestrator.recipe import parse_recipe
+
+PLACES = [
+    ("gcp", "us-central1", "us-central1-a"),
+    ("gcp", "us-central1", "us-central1-b"),
+    ("gcp", "europe-west1", "europe-west1-b"),
+]
+TOLERANCE = 0.01
+
+
+def write_market(rng: random.Random, folder) -> str:
+    rows, total = [",".join(OFFER_COLUMNS)], 0
+    for cloud, region, zone in PLACES:
+        for gpu in ("T4", "L4"):
+            count = rng.choice([0, 0, 1, 2, 3, 4])
+            count = count if total + count <= 16 else 0
+            total += count
+            if count:
+                on_demand = round(rng.uniform(0.4, 1.2), 3)
+                spot = round(on_demand * rng.uniform(0.2, 0.6), 3)
+                rate = round(rng.uniform(0.0, 0.5), 3)
+                rows.append(
+                    f"{cloud},{region},{zone},vm-{gpu},{gpu},1,8,30,{on_demand},{spot},{count},{rate},test,2026-01-01"
+                )
+    if total == 0:
+        rows.append("gcp,us-central1,us-central1-a,vm-T4,T4,1,8,30,0.5,0.2,2,0.1,test,2026-01-01")
+    (folder / "market.csv").write_text("\n".join(rows) + "\n")
+    return "market.csv"
+
+
+def recipe(folder, objective: str, stages: int):
+    text = (
+        f"model: {{name: gpt-tiny}}\nprovider: gcp\nmarket: market.csv\n"
+        f"training: {{global_batch_size: 8, microbatch_sizes: [1, 2], steps: 100}}\n"
+        f"objective: {objective}\n"
+        f"parallelism: {{tensor_parallel: [1], max_pipeline_stages: {stages}}}\n"
+        f"runtime: {{allreduce: auto, compression: fp16}}\n"
+    )
+    return parse_recipe(text, file="r.yaml", folder=folder, catalog=default_catalog())
+
+
+def objectives(fastest) -> dict[str, str]:
+    """The objectives, with limits taken from the market's fastest plan so that they bind."""
+    throughput, spend = fastest.score.samples_per_s, fastest.score.spend_usd_per_hour
+    deadline_h = 100 * 8 / (0.4 * throughput) / 3600
+    return {
+        "max_throughput": "{goal: max_throughput}",
+        "min_cost": "{goal: min_cost}",
+        "max_throughput_under_budget": f"{{goal: max_throughput, budget_usd_per_hour: {0.6 * spend:.6g}}}",
+        "min_cost_over_floor": f"{{goal: min_cost, min_throughput_samples_per_s: {0.5 * throughput:.6g}}}",
+        "min_cost_by_deadline": f"{{goal: min_cost, deadline_h: {deadline_h:.6g}}}",
+        "max_throughput_risk_aware": "{goal: max_throughput, risk_aware: true}",
+        "min_cost_risk_aware": "{goal: min_cost, risk_aware: true}",
+    }
+
+
+def compare(folder, stages: int) -> list[tuple[str, float]]:
+    """Exhaustive search once per market (estimates do not depend on the objective), re-scored for
+    each objective; the planner runs afresh for each."""
+    catalog = default_catalog()
+    base = prepare(recipe(folder, "{goal: max_throughput}", stages), catalog)
+    everything = list(enumerate_all(base.evaluator, base.space))
+    gaps = []
+    for name, objective in objectives(best(everything)).items():
+        context = prepare(recipe(folder, objective, stages), catalog)
+        reference = best([context.evaluator.rescore(e.plan, e.estimate) for e in everything])
+        found = search(context.evaluator, context.space, SearchOptions(top_k=1)).plans
+        if reference is None:
+            assert not found, f"{name}: the planner found a plan exhaustive search calls infeasible"
+            continue
+        assert found, f"{name}: exhaustive search found a feasible plan, the planner none"
+        gaps.append(
+            (name, (reference.score.value - found[0].score.value) / abs(reference.score.value))
+        )
+    return gaps
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_planner_matches_exhaustive_search(seed, tmp_path):
+    rng = random.Random(seed)
+    write_market(rng, tmp_path)
+    for name, gap in compare(tmp_path, stages=2):
+        assert gap <= TOLERANCE, (
+            f"seed {seed}, {name}: planner {gap:.2%} worse than exhaustive search"
+        )
+
+
+@pytest.mark.parametrize("seed", [100, 101, 102])
+def test_planner_matches_exhaustive_search_with_three_stages(seed, tmp_path):
+    rng = random.Random(seed)
+    write_market(rng, tmp_path)
+    for name, gap in compare(tmp_path, stages=3):
+        assert gap <= TOLERANCE, (
+            f"seed {seed}, {name}: planner {gap:.2%} worse than exhaustive search"
+        )
