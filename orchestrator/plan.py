@@ -150,6 +150,14 @@ class Plan:
         per_pipeline = self.global_batch_size // (self.microbatch_size * self.dp_degree)
         return (per_pipeline,) * self.dp_degree
 
+    def with_warmup(self, warmup: tuple[int, ...]) -> Plan:
+        """This plan with another warm-up; the replica grouping the simulator uses carries over."""
+        plan = dataclasses.replace(self, pipeline_warmup=tuple(warmup))
+        for cached in ("_shape", "_microbatches", "num_stages", "dp_degree"):
+            if cached in self.__dict__:
+                plan.__dict__[cached] = self.__dict__[cached]
+        return plan
+
     @classmethod
     def from_pipelines(
         cls,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 from pathlib import Path
 
 from orchestrator.catalog import Catalog
@@ -73,7 +72,7 @@ def estimate_plan(
         warmup = latency_aware_plan_warmup(profile, plan, network)
         better = simulate(
             profile,
-            dataclasses.replace(plan, pipeline_warmup=warmup),
+            plan.with_warmup(warmup),
             network=network,
             prices=prices,
             settings=settings,

@@ -10,9 +10,9 @@ and it can cost no less than its GPUs at the cheapest allowed price for that lon
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
-from collections.abc import Iterator
+from collections import Counter
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 
 from orchestrator.errors import UserError
@@ -23,8 +23,8 @@ from orchestrator.planner.space import SearchSpace
 from orchestrator.planner.splits import Split
 from orchestrator.profiles.profile import ModelProfile
 from orchestrator.simulator import Estimate, NetworkView, PriceView, SimulatorSettings, simulate
+from orchestrator.simulator.collectives import compressed_bytes
 from orchestrator.simulator.core import latency_aware_plan_warmup
-from orchestrator.simulator.pipeline import pipeline_time
 
 
 @dataclass(frozen=True)
@@ -52,6 +52,63 @@ class Evaluated:
     score: Score
 
 
+@dataclass(frozen=True)
+class LinkBounds:
+    """The best links of a market, for bounds: (one-way latency s, bandwidth bytes/s)."""
+
+    best: tuple[float, float]  # any two places, a place with itself included
+    across_places: tuple[float, float]  # two different places
+    across_regions: tuple[float, float]  # two different regions
+    regions: int
+    most_in_one_place: dict[str, int]  # GPU type -> the most GPUs one place can give
+
+    @classmethod
+    def of(cls, space: SearchSpace, network: NetworkView) -> LinkBounds:
+        places = sorted({r.infra for r in space.resources})
+        best, places_, regions_ = [], [], []
+        for a in places:
+            for b in places:
+                link = network.link(a, b, space.streams)
+                best.append(link)
+                if a != b:
+                    places_.append(link)
+                if network.region_of(a) != network.region_of(b):
+                    regions_.append(link)
+        most: dict[str, int] = {}
+        for r in space.resources:
+            most[r.gpu] = max(most.get(r.gpu, 0), r.capacity)
+
+        def top(links: list) -> tuple[float, float]:
+            if not links:
+                return (float("inf"), 1e-9)  # no such pair: nothing can use it
+            return (min(lat for lat, _ in links), max(bw for _, bw in links))
+
+        return cls(
+            best=top(best),
+            across_places=top(places_),
+            across_regions=top(regions_),
+            regions=len({network.region_of(p) for p in places}),
+            most_in_one_place=most,
+        )
+
+
+def _hierarchical_lower_bound(links: LinkBounds, dp: int, message: float, least: float) -> float:
+    """A hierarchical all-reduce over ``r >= 2`` regions: its largest region group has at least
+    ``ceil(dp / r)`` members, reduced and broadcast over at best the best link, and its leaders' ring
+    crosses regions with at best the smallest compressed message."""
+    best_lat, best_bw = links.best
+    top_lat, top_bw = links.across_regions
+    fastest = float("inf")
+    for r in range(2, min(dp, links.regions) + 1):
+        group = -(-dp // r)
+        local = 0.0
+        if group > 1:
+            local = 2 * (2 * (group - 1) / group * message / best_bw + group * best_lat)
+        top = 2 * (r - 1) * (top_lat + least / r / top_bw)
+        fastest = min(fastest, local + top)
+    return fastest
+
+
 class Evaluator:
     """Everything the search needs to turn (shape, D, placement) into a scored estimate."""
 
@@ -73,7 +130,7 @@ class Evaluator:
         self.evaluations = 0
         self._rates = {r.infra: (r.cloud, r.preemption_rate_per_hour) for r in space.resources}
         self._replicas: dict[tuple, Replica] = {}
-        self._best_link: tuple[float, float] | None = None
+        self._links: LinkBounds | None = None
 
     def microbatches(self, shape: Shape, dp: int) -> int | None:
         gb = self.space.global_batch_size
@@ -89,50 +146,74 @@ class Evaluator:
         except UserError:  # the profile has no times at this TP degree on this GPU
             return None
 
-    def best_link(self) -> tuple[float, float]:
-        """(lowest latency, highest bandwidth) over every pair of places, a place with itself included:
-        no placement gets a better link anywhere."""
-        if self._best_link is None:
-            places = sorted({r.infra for r in self.space.resources})
-            links = [self.network.link(a, b, self.space.streams) for a in places for b in places]
-            self._best_link = (min(lat for lat, _ in links), max(bw for _, bw in links))
-        return self._best_link
-
     def time_lower_bound(
-        self, shape: Shape, times: list[tuple[float, float, float]], m: int, dp: int
+        self,
+        shape: Shape,
+        times: list[tuple[float, float, float]],
+        m: int,
+        dp: int,
+        *,
+        sync: bool = True,
     ) -> float:
-        """Iteration time if every link were the market's best: a lower bound for any placement and
-        sync algorithm (one ring over the best link is the fastest all-reduce there can be)."""
-        latency, bandwidth = self.best_link()
+        """Iteration time if every link were the market's best: a lower bound for any placement,
+        warm-up and sync algorithm. Stage ``s`` cannot start before the first microbatch's forwards
+        and transfers reach it, must run ``m`` forwards and backwards, and its last backward must
+        wait for the next stage's; then comes the all-reduce no overlap hides (left out when
+        ``sync`` is false), and the step."""
+        latency, bandwidth = self.links().best
         stages = shape.stages
         scale = shape.mbs * self.profile.element_bytes
-        sizes = [
-            self.profile.stage_facts(shape.tps[s], shape.split[s], shape.split[s + 1])[3] * scale
+        comm = [
+            latency
+            + self.profile.stage_facts(shape.tps[s], shape.split[s], shape.split[s + 1])[3]
+            * scale
+            / bandwidth
             for s in range(stages - 1)
         ]
-        f = [t[0] for t in times]
-        b = [t[1] for t in times]
-        occupy = [size / bandwidth for size in sizes]
-        ends = pipeline_time(f, b, m, [latency] * (stages - 1), occupy, occupy).stage_end_s
-        worst = 0.0
-        for s, (end, t) in enumerate(zip(ends, times, strict=True)):
-            exposed = 0.0
-            if dp > 1:
-                message = (
-                    self.profile.stage_gradient_elements(
-                        shape.split[s], shape.split[s + 1], shape.tps[s]
-                    )
-                    * self.profile.element_bytes
-                )
-                sync = 2 * (dp - 1) * (latency + message / dp / bandwidth)
-                exposed = sync
-                if self.settings.overlap_grad_sync:
-                    bucket = self.settings.bucket_bytes
-                    exposed = max(
-                        sync * bucket / message if message > bucket else sync, sync - t[1]
-                    )
-            worst = max(worst, end + exposed + t[2])
+        start = [0.0] * stages
+        for s in range(1, stages):
+            start[s] = start[s - 1] + times[s - 1][0] + comm[s - 1]
+        end = start[-1] + m * (times[-1][0] + times[-1][1])
+        if not sync:
+            dp = 1  # no all-reduce
+        worst = end + self.sync_lower_bound(shape, s=stages - 1, backward_s=times[-1][1], dp=dp)
+        worst += times[-1][2]
+        for s in range(stages - 2, -1, -1):
+            f, b, update = times[s]
+            end = max(start[s] + m * (f + b), end + comm[s] + b)
+            exposed = self.sync_lower_bound(shape, s=s, backward_s=b, dp=dp)
+            worst = max(worst, end + exposed + update)
         return worst
+
+    def sync_lower_bound(self, shape: Shape, *, s: int, backward_s: float, dp: int) -> float:
+        """The least all-reduce time of stage ``s`` left after its last backward, for any placement
+        (collectives.py's formulas over the best links there can be)."""
+        if dp < 2:
+            return 0.0
+        links = self.links()
+        element = self.profile.element_bytes
+        message = (
+            self.profile.stage_gradient_elements(shape.split[s], shape.split[s + 1], shape.tps[s])
+            * element
+        )
+        # a flat ring (or a hierarchy inside one region) over dp replicas; when they do not fit in
+        # one place the ring crosses places, and its slowest link is at best the best such link
+        fits = dp * shape.tps[s] <= links.most_in_one_place.get(shape.gpus[s], 0)
+        latency, bandwidth = links.best if fits else links.across_places
+        sync = 2 * (dp - 1) * (latency + message / dp / bandwidth)
+        if "hierarchical" in self.space.allreduce and links.regions > 1:
+            least = min(compressed_bytes(message, element, c) for c in self.space.compression)
+            sync = min(sync, _hierarchical_lower_bound(links, dp, message, least))
+        if not self.settings.overlap_grad_sync:
+            return sync
+        bucket = self.settings.bucket_bytes
+        last_bucket = sync * bucket / message if message > bucket else sync
+        return max(last_bucket, sync - backward_s)
+
+    def links(self) -> LinkBounds:
+        if self._links is None:
+            self._links = LinkBounds.of(self.space, self.network)
+        return self._links
 
     def cheapest_gpu_hour(self, gpu: str, tp: int, spot: bool) -> float | None:
         prices = []
@@ -153,19 +234,18 @@ class Evaluator:
     def build(
         self, shape: Shape, columns: Columns, allreduce: str, compression: str, spot: bool
     ) -> Plan:
-        dp = len(columns[0])
-        rows: dict[tuple, int] = {}
-        for i in range(dp):
-            key = tuple(
-                self.replica(g, t, columns[s][i], spot)
-                for s, (g, t) in enumerate(zip(shape.gpus, shape.tps, strict=True))
-            )
-            rows[key] = rows.get(key, 0) + 1
+        # pipeline i takes the i-th replica of every stage: count the distinct rows of places
+        rows = Counter(zip(*columns, strict=True))
+        stages = range(shape.stages)
+        pipelines = [
+            (count, [self.replica(shape.gpus[s], shape.tps[s], row[s], spot) for s in stages])
+            for row, count in rows.items()
+        ]
         return Plan.from_pipelines(
             global_batch_size=self.space.global_batch_size,
             microbatch_size=shape.mbs,
             layers=list(zip(shape.split, shape.split[1:], strict=False)),
-            pipelines=[(count, list(row)) for row, count in rows.items()],
+            pipelines=pipelines,
             allreduce=allreduce,
             compression=compression,
             streams=self.space.streams,
@@ -180,7 +260,7 @@ class Evaluator:
         if plan.num_stages > 1:
             warmup = latency_aware_plan_warmup(self.profile, plan, self.network)
             if warmup != plan.warmup:
-                aware_plan = dataclasses.replace(plan, pipeline_warmup=warmup)
+                aware_plan = plan.with_warmup(warmup)
                 aware = simulate(
                     self.profile,
                     aware_plan,
@@ -201,41 +281,48 @@ class Evaluator:
 
 
 def type_assignments(
-    space: SearchSpace, stages: int, exact: bool
+    space: SearchSpace, stages: int
 ) -> Iterator[tuple[tuple[str, ...], tuple[int, ...]]]:
-    """Per-stage (GPU types, TP degrees). Exact: every combination. Otherwise (documented heuristic):
-    GPU types in contiguous blocks in any order, one TP degree per type."""
+    """Every per-stage (GPU types, TP degrees) of ``stages`` stages."""
+    choices = [(g, t) for g in space.gpu_types for t in space.tp_degrees]
+    for combo in itertools.product(choices, repeat=stages):
+        yield tuple(c[0] for c in combo), tuple(c[1] for c in combo)
+
+
+Blocks = tuple[tuple[str, int], ...]  # (GPU type, TP degree) of each block of stages, in order
+
+
+def type_blocks(space: SearchSpace, stages: int) -> Iterator[Blocks]:
+    """The heuristic beyond the exact limit: stages come in contiguous blocks of one GPU type each,
+    types in any order, one TP degree per type (``block_sizes`` gives the stage counts)."""
     types = space.gpu_types
-    if exact:
-        choices = [(g, t) for g in types for t in space.tp_degrees]
-        for combo in itertools.product(choices, repeat=stages):
-            yield tuple(c[0] for c in combo), tuple(c[1] for c in combo)
-        return
-    seen = set()
     for count in range(1, min(len(types), stages) + 1):
         for order in itertools.permutations(types, count):
-            for sizes in _compositions(stages, count):
-                gpus = tuple(g for g, n in zip(order, sizes, strict=True) for _ in range(n))
-                for tps in itertools.product(space.tp_degrees, repeat=count):
-                    per_type = dict(zip(order, tps, strict=True))
-                    key = (gpus, tuple(per_type[g] for g in gpus))
-                    if key not in seen:
-                        seen.add(key)
-                        yield key
+            for tps in itertools.product(space.tp_degrees, repeat=count):
+                yield tuple(zip(order, tps, strict=True))
 
 
-def _compositions(total: int, parts: int) -> Iterator[tuple[int, ...]]:
-    for cuts in itertools.combinations(range(1, total), parts - 1):
-        bounds = (0, *cuts, total)
-        yield tuple(bounds[i + 1] - bounds[i] for i in range(parts))
+def block_sizes(stages: int, blocks: int) -> Iterator[tuple[int, ...]]:
+    """Stage counts of ``blocks`` non-empty blocks adding up to ``stages``."""
+    for cuts in itertools.combinations(range(1, stages), blocks - 1):
+        bounds = (0, *cuts, stages)
+        yield tuple(bounds[i + 1] - bounds[i] for i in range(blocks))
 
 
-def dp_degrees(space: SearchSpace, shape: Shape) -> list[int]:
-    """Data-parallel degrees that split the batch evenly and fit the GPUs there are."""
-    need = shape.gpus_per_pipeline()
+def expand_blocks(
+    blocks: Blocks, sizes: tuple[int, ...]
+) -> tuple[tuple[str, ...], tuple[int, ...]]:
+    gpus = tuple(g for (g, _), n in zip(blocks, sizes, strict=True) for _ in range(n))
+    tps = tuple(t for (_, t), n in zip(blocks, sizes, strict=True) for _ in range(n))
+    return gpus, tps
+
+
+def dp_degrees(space: SearchSpace, mbs: int, need: Mapping[str, int]) -> list[int]:
+    """Data-parallel degrees that split the batch evenly and fit the GPUs there are, for pipelines
+    that each need ``need[gpu]`` GPUs of each type."""
     most = min(space.capacity(g) // n for g, n in need.items())
     if space.max_gpus:
         most = min(most, space.max_gpus // sum(need.values()))
-    per = space.global_batch_size // shape.mbs
+    per = space.global_batch_size // mbs
     allowed = set(space.data_parallel) if space.data_parallel else None
     return [d for d in range(1, most + 1) if per % d == 0 and (allowed is None or d in allowed)]

@@ -26,11 +26,11 @@ def enumerate_all(evaluator: Evaluator, space: SearchSpace) -> Iterator[Evaluate
     for mbs in space.microbatch_sizes:
         for stages in range(1, space.max_stages + 1):
             for split in all_splits(space.num_layers, stages):
-                for gpus, tps in type_assignments(space, stages, exact=True):
+                for gpus, tps in type_assignments(space, stages):
                     shape = Shape(mbs, gpus, tps, split)
                     if evaluator.stage_times(shape) is None:
                         continue
-                    for dp in dp_degrees(space, shape):
+                    for dp in dp_degrees(space, shape.mbs, shape.gpus_per_pipeline()):
                         yield from _variants(evaluator, space, shape, dp)
 
 

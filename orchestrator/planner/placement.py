@@ -6,11 +6,12 @@ pipelines stay inside one place wherever the counts allow. Places share capacity
 the same GPU type.
 
 Exact where it can be: when the placements number at most ``exact_limit``, all of them are
-candidates. Otherwise a menu (a documented heuristic, measured against exhaustive search in
-BENCHMARKS.md): each stage fills places region by region in an order; every stage uses the same
-order, or the stages before a cut use one order and those after it another (a pipeline that crosses
-a region boundary once, with each data-parallel group inside one region). Within a region, places
-with more capacity come first.
+candidates. Otherwise a menu (a documented heuristic in SAILOR's spirit, measured against exhaustive
+search by bench/planner_quality.py): first the placements that keep every stage's replicas inside
+one region, all stages in one region or the stages before a cut in one and the rest in another (the
+pipeline crosses a region boundary once, data-parallel all-reduces never do); only when none of
+those fits, each stage fills places region by region in an order, spilling into the next region,
+with the same two patterns of orders. Within a region, places with more capacity come first.
 """
 
 from __future__ import annotations
@@ -116,25 +117,42 @@ def _orders(options) -> list[tuple[str, ...]]:
 
 def _menu(options, gpus, tps, dp, capacity, max_gpus) -> Iterator[Columns]:
     orders = _orders(options)
+    regions = [order[0] for order in orders]
     stages = len(options)
-    plans = [[order] * stages for order in orders]
-    for cut in range(1, stages):
-        for before, after in itertools.permutations(orders, 2):
-            plans.append([before] * cut + [after] * (stages - cut))
-    for per_stage in plans:
-        columns = _fill(options, gpus, tps, dp, capacity, max_gpus, per_stage)
+    found = False
+    for per_stage in _patterns([(region,) for region in regions], stages):
+        columns = _fill(options, gpus, tps, dp, capacity, max_gpus, per_stage, spill=False)
+        if columns is not None:
+            found = True
+            yield columns
+    if found:
+        return
+    for per_stage in _patterns(orders, stages):
+        columns = _fill(options, gpus, tps, dp, capacity, max_gpus, per_stage, spill=True)
         if columns is not None:
             yield columns
 
 
-def _fill(options, gpus, tps, dp, capacity, max_gpus, per_stage) -> Columns | None:
+def _patterns(orders: list[tuple[str, ...]], stages: int) -> Iterator[list[tuple[str, ...]]]:
+    """One order for every stage, or one before a cut and another after it."""
+    for order in orders:
+        yield [order] * stages
+    for cut in range(1, stages):
+        for before, after in itertools.permutations(orders, 2):
+            yield [before] * cut + [after] * (stages - cut)
+
+
+def _fill(options, gpus, tps, dp, capacity, max_gpus, per_stage, *, spill: bool) -> Columns | None:
+    """Each stage takes replicas from its regions in order (and, if ``spill``, from any other place
+    after them); None if the replicas do not fit."""
     left = dict(capacity)
     total = 0
     columns = []
     for s, places in enumerate(options):
         rank = {region: i for i, region in enumerate(per_stage[s])}
         ordered: list[Resource] = sorted(
-            places, key=lambda r: (rank.get(r.region, len(rank)), -r.capacity, r.infra)
+            (r for r in places if spill or r.region in rank),
+            key=lambda r: (rank.get(r.region, len(rank)), -r.capacity, r.infra),
         )
         need, column = dp, []
         for r in ordered:

@@ -1,13 +1,20 @@
 """The planner's search: best-first branch and bound over the plan space.
 
 Three levels, each with a bound that no plan below it can beat:
-1. a *config* (microbatch size, GPU type and TP degree per stage): the slowest stage is at least the
-   model's compute on the fastest allowed GPU of each layer, spread evenly over the stages;
-2. a *shape* (a config with a layer split): the pipeline with free links, plus the optimizer step;
-3. a (shape, data-parallel degree): the same bound at that degree's microbatch count.
-A priority queue pops the best bound; when it cannot beat the k-th best plan found, the search ends:
-what remains cannot enter the top k. Only (shape, degree) pairs reach the simulator, once per
-placement, sync algorithm, compression and pricing.
+1. a *config* (microbatch size, GPU type and TP degree per stage): its GPUs must hold the model's
+   weights, gradients and optimizer state (the memory bound), and its iteration is no shorter than
+   the model's compute with each layer on the fastest of its GPUs, packed into P stages that each
+   wait for the stages ahead of them (the bubble) at the largest data-parallel degree allowed;
+2. a *shape* (a config with a layer split): its pipeline over the market's best link, plus the
+   optimizer step, at that degree;
+3. a (shape, data-parallel degree): the same with the all-reduce over the best links there are.
+Limits prune too: a $/h budget caps the degree (the GPUs alone cost that much), a throughput floor
+or a total budget drops what cannot meet it even at the bound. A priority queue pops the best
+bound; when it cannot beat the best plan found (by more than ``optimality_gap``), the search ends:
+the first plan is the best of the space. The others returned are the best other (shape, degree)
+pairs the search simulated on its way: good alternatives, not proven second to fifth. Only
+(shape, degree) pairs reach the simulator, once per placement, sync algorithm, compression and
+pricing; every simulated plan is kept as a point of the cost/throughput frontier.
 
 Exact where it can be (all splits, all type assignments, all placements when they are few); the
 heuristics beyond the limits are in splits.py, candidates.py and placement.py, and
@@ -23,23 +30,27 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from orchestrator.errors import UserError
+from orchestrator.planner.bounds import ConfigBounds
 from orchestrator.planner.candidates import (
+    Blocks,
     Evaluated,
     Evaluator,
     Shape,
+    block_sizes,
     dp_degrees,
+    expand_blocks,
     type_assignments,
+    type_blocks,
 )
 from orchestrator.planner.placement import placements
 from orchestrator.planner.space import SearchSpace
 from orchestrator.planner.splits import all_splits, balanced_split, count_splits, neighbours
-from orchestrator.simulator.memory import OPTIMIZER_STATE_BYTES
 
 
 @dataclass(frozen=True)
 class SearchOptions:
     top_k: int = 5
+    optimality_gap: float = 0.0  # stop when nothing left can beat the best by more than this
     exact_splits_limit: int = 64
     exact_types_limit: int = 64
     exact_placements_limit: int = 2000
@@ -57,50 +68,42 @@ class SearchResult:
     closest: Evaluated | None = None  # the best infeasible plan, to explain what binds
     unreachable_floor: float | None = None  # best throughput bound, when below the floor
     no_fit: bool = False  # no config fits memory or the GPUs there are
+    points: list[tuple[float, float, bool]] = field(default_factory=list)  # (samples/s, $/1M
+    # samples, feasible) of every simulated plan: the cost/throughput frontier
 
 
 class _Search:
     def __init__(self, evaluator: Evaluator, space: SearchSpace, options: SearchOptions) -> None:
         self.e, self.space, self.options = evaluator, space, options
         self.objective = evaluator.objective
-        self.top: list[tuple[float, int, Evaluated]] = []  # min-heap of the k best
+        self.best_value = float("-inf")  # the best feasible plan's value so far
+        self.kept: dict[tuple, Evaluated] = {}  # (shape, D) -> its best feasible variant
         self.queue: list[tuple[float, int, str, tuple]] = []
         self.counter = itertools.count()
         self.result = SearchResult(plans=[])
-        self.seen: set = set()
         self.started = self.last_report = time.perf_counter()
         self.best_floor_bound = 0.0
-        self._work: dict = {}
+        self.bounds = ConfigBounds(evaluator.profile, evaluator.settings)
+        self._dp: dict = {}
+        self._price: dict = {}
+        self._gpus_of = {g: space.capacity(g) for g in space.gpu_types}
 
     # ---- bounds -------------------------------------------------------------------------
-    def _layer_work(self, mbs: int, gpu: str, tp: int) -> list[float] | None:
-        key = (mbs, gpu, tp)
-        if key not in self._work:
-            try:
-                table = self.e.profile.time_table(gpu, mbs, tp)
-                self._work[key] = [
-                    f + b for f, b in zip(table.forward_s, table.backward_s, strict=True)
-                ]
-            except UserError:  # the profile lacks this TP degree on this GPU: not a candidate
-                self._work[key] = None
-        return self._work[key]
-
-    def _value_bound(self, mbs: int, dp: int, period: float, fill: float, hourly: float) -> float:
-        """Best value a plan can reach if its iteration took ``m * period + fill`` seconds."""
-        m = self.space.global_batch_size // (mbs * dp)
-        seconds = m * period + fill
-        samples = self.space.global_batch_size / seconds
+    def _value(self, dp: int, seconds: float, hourly: float) -> float:
+        """The value of a plan with ``dp`` pipelines at ``hourly`` $/h each, if an iteration took
+        ``seconds`` (compute only: egress and preemptions only make it worse)."""
+        batch = self.space.global_batch_size
         if self.objective.goal == "max_throughput":
-            return samples
-        return -(hourly * dp * seconds / 3600 / self.space.global_batch_size * 1e6)
+            return batch / seconds
+        return -(hourly * dp * seconds / 3600 / batch * 1e6)
 
     def _hourly_per_pipeline(self, gpus, tps) -> float | None:
-        """$/h of one pipeline's GPUs at the cheapest allowed prices."""
+        """$/h of one pipeline's GPUs at the cheapest allowed prices (one pricing for all)."""
         prices = []
         for spot in self.space.spot_options:
             price = 0.0
             for g, t in zip(gpus, tps, strict=True):
-                cheapest = self.e.cheapest_gpu_hour(g, t, spot)
+                cheapest = self._price_of(g, t, spot)
                 if cheapest is None:
                     price = None
                     break
@@ -109,145 +112,235 @@ class _Search:
                 prices.append(price)
         return min(prices) if prices else None
 
+    def _cutoff(self) -> float:
+        """Bounds at or below this cannot improve the best plan by more than the allowed gap."""
+        best = self.best_value
+        return best + self.options.optimality_gap * abs(best) if best > float("-inf") else best
+
     def _push(self, bound: float, kind: str, payload: tuple) -> None:
-        if bound > self._kth():
+        if bound > self._cutoff():
             heapq.heappush(self.queue, (-bound, next(self.counter), kind, payload))
 
-    def _kth(self) -> float:
-        return self.top[0][0] if len(self.top) >= self.options.top_k else float("-inf")
+    def _within_limits(self, dp: int, seconds: float, hourly: float) -> bool:
+        """False when a plan this fast and this cheap at best would still break a limit."""
+        o, batch = self.objective, self.space.global_batch_size
+        if o.min_samples_per_s and batch / seconds < o.min_samples_per_s:
+            return False
+        if o.budget_usd is not None and hourly * dp * seconds / 3600 * o.steps > o.budget_usd:
+            return False
+        return True
 
-    # ---- levels -------------------------------------------------------------------------
+    # ---- level 0: families of configs, level 1: configs -----------------------------------
     def configs(self) -> None:
         space = self.space
         choices = len(space.gpu_types) * len(space.tp_degrees)
         for mbs in space.microbatch_sizes:
             for stages in range(1, space.max_stages + 1):
-                exact = choices**stages <= self.options.exact_types_limit
-                for gpus, tps in type_assignments(space, stages, exact):
-                    self._config(mbs, gpus, tps)
+                if choices**stages <= self.options.exact_types_limit:
+                    for gpus, tps in type_assignments(space, stages):
+                        self._config(mbs, gpus, tps)
+                    continue
+                for blocks in type_blocks(space, stages):
+                    if len(blocks) == 1:
+                        self._config(mbs, *expand_blocks(blocks, (stages,)))
+                    else:
+                        self._family(mbs, stages, blocks)
         self.result.no_fit = not self.queue
 
-    def _config(self, mbs: int, gpus: tuple[str, ...], tps: tuple[int, ...]) -> None:
-        stages = len(gpus)
-        works = [self._layer_work(mbs, g, t) for g, t in zip(gpus, tps, strict=True)]
-        if any(w is None for w in works):
+    def _family(self, mbs: int, stages: int, blocks: Blocks) -> None:
+        """Bound every split of ``stages`` stages into ``blocks`` at once, degree by degree: each
+        block has at least one stage, so at least its GPUs' price; at data-parallel degree D a
+        block of GPU type g with TP t has at most ``N_g / (D t)`` stages."""
+        prices = [self._pair_hour(g, t) for g, t in blocks]
+        if None in prices:
             return
-        degrees = dp_degrees(self.space, Shape(mbs, gpus, tps, (0,) * (stages + 1)))
-        hourly = self._hourly_per_pipeline(gpus, tps)
-        if not degrees or hourly is None:
-            return
-        layers = self.space.num_layers
-        fastest = sum(min(w[i] for w in works) for i in range(layers))
-        period = max(fastest / stages, max(min(w[i] for w in works) for i in range(layers)))
-        self.result.configs += 1
-        best_dp = max(degrees) if self.objective.goal == "max_throughput" else min(degrees)
-        ceiling = self.space.global_batch_size / (
-            (self.space.global_batch_size // (mbs * max(degrees))) * period
-        )
-        self.best_floor_bound = max(self.best_floor_bound, ceiling)
-        if self.objective.min_samples_per_s and ceiling < self.objective.min_samples_per_s:
-            return
-        self._push(
-            self._value_bound(mbs, best_dp, period, 0.0, hourly), "config", (mbs, gpus, tps, hourly)
-        )
+        hourly = sum(prices) + (stages - len(blocks)) * min(prices)
+        best = float("-inf")
+        for dp in self._degrees(mbs, ()):
+            most = {(g, t): self._gpus_of[g] // (dp * t) for g, t in blocks}
+            if min(most.values()) < 1 or sum(most.values()) < stages:
+                continue
+            bound = self.bounds.family_slowest(mbs, stages, most)
+            if bound is None:
+                continue
+            found = self._best_degree(
+                mbs, stages, [dp], hourly, *bound, pairs=frozenset(blocks), count=False
+            )
+            if found is not None:
+                best = max(best, found[0])
+        if best > float("-inf"):
+            self._push(best, "family", (mbs, stages, blocks))
 
-    def _expand_config(self, mbs: int, gpus, tps, hourly: float) -> None:
+    def _expand_family(self, mbs: int, stages: int, blocks: Blocks) -> None:
+        for sizes in block_sizes(stages, len(blocks)):
+            self._config(mbs, *expand_blocks(blocks, sizes))
+
+    def _pair_hour(self, gpu: str, tp: int) -> float | None:
+        """The least $/h of ``tp`` GPUs of ``gpu`` over the allowed pricings."""
+        prices = [self._price_of(gpu, tp, spot) for spot in self.space.spot_options]
+        known = [tp * p for p in prices if p is not None]
+        return min(known) if known else None
+
+    def _price_of(self, gpu: str, tp: int, spot: bool) -> float | None:
+        key = (gpu, tp, spot)
+        if key not in self._price:
+            self._price[key] = self.e.cheapest_gpu_hour(gpu, tp, spot)
+        return self._price[key]
+
+    def _best_degree(
+        self,
+        mbs: int,
+        stages: int,
+        degrees: list[int],
+        hourly: float,
+        total: float,
+        slowest: float,
+        *,
+        pairs: frozenset,
+        count: bool,
+    ) -> tuple[float, list[int]] | None:
+        """(the best value over ``degrees``, those that may meet the limits) for pipelines of
+        ``stages`` stages whose heavy layers take ``total`` seconds at best and whose slowest stage
+        takes ``slowest`` at least; None if no degree may."""
+        batch = self.space.global_batch_size
+        budget = self.objective.budget_usd_per_hour
+        if budget is not None:  # GPUs alone cost hourly * D; egress only adds
+            degrees = [d for d in degrees if hourly * d <= budget]
+        if not degrees:
+            return None
+
+        fleet = self.bounds.fleet_seconds(mbs, pairs, self._gpus_of, batch)
+
+        def seconds(dp: int) -> float:
+            # Stage s cannot finish before the work of the stages ahead of it plus m microbatches of
+            # its own; the most work P stages can hold under that limit is T * (1 - (1 - 1/m)^P).
+            # And all GPUs there are together can do no more than their speeds allow.
+            m = batch // (mbs * dp)
+            return max(total / (1 - (1 - 1 / m) ** stages), m * slowest, fleet)
+
+        if count:
+            self.best_floor_bound = max(self.best_floor_bound, batch / seconds(max(degrees)))
+        # both values are monotone in D under this bound: the extreme degree bounds them all
+        degrees = [d for d in degrees if self._within_limits(d, seconds(d), hourly)]
+        if not degrees:
+            return None
+        dp = max(degrees) if self.objective.goal == "max_throughput" else min(degrees)
+        return self._value(dp, seconds(dp), hourly), degrees
+
+    def _config(self, mbs: int, gpus: tuple[str, ...], tps: tuple[int, ...]) -> None:
+        need: dict[str, int] = {}
+        for g, t in zip(gpus, tps, strict=True):
+            need[g] = need.get(g, 0) + t
+        degrees = self._degrees(mbs, tuple(sorted(need.items())))
+        hourly = self._hourly_per_pipeline(gpus, tps)
+        if hourly is None or not degrees:
+            return
+        fewest = self.space.global_batch_size // (mbs * max(degrees))  # microbatches at most D
+        bound = self.bounds.slowest_stage(mbs, gpus, tps, fewest)
+        if bound is None:
+            return
+        self.result.configs += 1
+        pairs = frozenset(zip(gpus, tps, strict=True))
+        found = self._best_degree(mbs, len(gpus), degrees, hourly, *bound, pairs=pairs, count=True)
+        if found is not None:
+            value, degrees = found
+            self._push(value, "config", (mbs, gpus, tps, hourly, degrees))
+
+    def _degrees(self, mbs: int, need: tuple[tuple[str, int], ...]) -> list[int]:
+        """Data-parallel degrees for pipelines needing ``need`` GPUs per type (none: any count)."""
+        key = (mbs, need)
+        if key not in self._dp:
+            if need:
+                self._dp[key] = dp_degrees(self.space, mbs, dict(need))
+            else:
+                per, allowed = self.space.global_batch_size // mbs, self.space.data_parallel
+                self._dp[key] = [
+                    d for d in range(1, per + 1) if per % d == 0 and (not allowed or d in allowed)
+                ]
+        return self._dp[key]
+
+    # ---- level 2: shapes (a config with a layer split) ----------------------------------
+    def _expand_config(self, mbs: int, gpus, tps, hourly: float, degrees: list[int]) -> None:
         stages, layers = len(gpus), self.space.num_layers
         if count_splits(layers, stages) <= self.options.exact_splits_limit:
             splits = all_splits(layers, stages)
         else:
-            balanced = self._balanced(mbs, gpus, tps)
+            fewest = self.space.global_batch_size // (mbs * max(degrees))
+            balanced = self._balanced(mbs, gpus, tps, fewest)
             splits = [] if balanced is None else [balanced, *neighbours(balanced)]
+        dp = max(degrees) if self.objective.goal == "max_throughput" else min(degrees)
         for split in splits:
             shape = Shape(mbs, gpus, tps, split)
             times = self.e.stage_times(shape)
             if times is None:
                 continue
-            for dp in dp_degrees(self.space, shape):
-                m = self.e.microbatches(shape, dp)
-                seconds = self.e.time_lower_bound(shape, times, m, dp)
-                bound = self._value_bound(mbs, dp, 0.0, seconds, hourly)
-                self._push(bound, "dp", (shape, dp))
+            # without the all-reduce, the pipeline bound is monotone in D as above
+            m = self.e.microbatches(shape, dp)
+            seconds = self.e.time_lower_bound(shape, times, m, dp, sync=False)
+            self._push(self._value(dp, seconds, hourly), "shape", (shape, times, hourly, degrees))
 
-    def _balanced(self, mbs: int, gpus, tps):
+    # ---- level 3: (shape, D) ------------------------------------------------------------
+    def _expand_shape(self, shape: Shape, times, hourly: float, degrees: list[int]) -> None:
+        for dp in degrees:
+            seconds = self.e.time_lower_bound(shape, times, self.e.microbatches(shape, dp), dp)
+            if self._within_limits(dp, seconds, hourly):
+                self._push(self._value(dp, seconds, hourly), "dp", (shape, dp))
+
+    def _balanced(self, mbs: int, gpus, tps, m: int):
         """The min-max split, with each stage's memory (static bytes and activations in flight)."""
-        profile, stages, layers = self.e.profile, len(gpus), self.space.num_layers
+        stages = len(gpus)
         time_prefix, memory_prefix, caps = [], [], []
-        element = profile.element_bytes
-        static = (
-            2 * element
-            + OPTIMIZER_STATE_BYTES.get(profile.optimizer, 8)
-            + (4 if element == 2 else 0)
-        )
-        settings = self.e.settings
         for s, (g, t) in enumerate(zip(gpus, tps, strict=True)):
-            table = profile.time_table(g, mbs, t)
-            sizes = profile.layer_table(t)
-            time_prefix.append(
-                _prefix([f + b for f, b in zip(table.forward_s, table.backward_s, strict=True)])
-            )
-            in_flight = stages - s
-            memory_prefix.append(
-                _prefix(
-                    [
-                        p * static + k * mbs * in_flight
-                        for p, k in zip(sizes.params, sizes.act_kept_bytes, strict=True)
-                    ]
-                )
-            )
-            usable = settings.capacity_bytes(g) - settings.overhead_bytes(g, t)
-            caps.append(usable / (1 + settings.fragmentation_fraction))
-        return balanced_split(time_prefix, memory_prefix, caps, layers)
+            seconds, held, room = self.bounds.prefixes(mbs, g, t, min(stages - s, m))
+            time_prefix.append(seconds)
+            memory_prefix.append(held)
+            caps.append(room)
+        return balanced_split(time_prefix, memory_prefix, caps, self.space.num_layers)
 
     def _evaluate(self, shape: Shape, dp: int) -> None:
+        """Simulate every placement, sync algorithm, compression and pricing of (shape, D)."""
         for spot in self.space.spot_options:
             for columns in placements(
                 self.space, shape.gpus, shape.tps, dp, spot, self.options.exact_placements_limit
             ):
-                regions = {self.e.network.region_of(p) for column in columns for p in column}
+                # hierarchical differs from flat only where a stage's replicas span regions
+                spans = self._spans_regions(columns)
                 for allreduce in self.space.allreduce:
-                    if (
-                        allreduce == "hierarchical"
-                        and len(regions) == 1
-                        and "flat" in self.space.allreduce
-                    ):
-                        continue  # the same as flat inside one region
+                    if allreduce == "hierarchical" and not spans and "flat" in self.space.allreduce:
+                        continue
                     compressions = (
                         self.space.compression
-                        if allreduce == "hierarchical" and len(regions) > 1
+                        if allreduce == "hierarchical" and spans
                         else ("none",)
                     )
                     for compression in compressions:
-                        key = (shape, columns, allreduce, compression, spot)
-                        if key in self.seen:
-                            continue
-                        self.seen.add(key)
-                        self._record(
-                            self.e.evaluate(
-                                self.e.build(shape, columns, allreduce, compression, spot)
-                            )
-                        )
+                        plan = self.e.build(shape, columns, allreduce, compression, spot)
+                        self._record((shape, dp), self.e.evaluate(plan))
         self._report()
 
-    def _record(self, evaluated: Evaluated) -> None:
+    def _spans_regions(self, columns) -> bool:
+        region_of = self.e.network.region_of
+        return any(len({region_of(p) for p in set(column)}) > 1 for column in columns)
+
+    def _record(self, key: tuple, evaluated: Evaluated) -> None:
         s = evaluated.score
+        self.result.points.append((s.samples_per_s, s.cost_per_million_samples_usd, s.feasible))
         if not s.feasible:
             self.result.violations[s.violation] += 1
             closest = self.result.closest
             if closest is None or s.value > closest.score.value:
                 self.result.closest = evaluated
             return
-        entry = (s.value, next(self.counter), evaluated)
-        if len(self.top) < self.options.top_k:
-            heapq.heappush(self.top, entry)
-        elif s.value > self.top[0][0]:
-            heapq.heapreplace(self.top, entry)
+        self.best_value = max(self.best_value, s.value)
+        kept = self.kept.get(key)
+        if kept is None or s.value > kept.score.value:
+            self.kept[key] = evaluated
 
     def _report(self) -> None:
         now = time.perf_counter()
         if self.options.progress and now - self.last_report >= self.options.progress_every_s:
             self.last_report = now
-            best = max(self.top)[2].score if self.top else None
+            best = max(self.kept.values(), key=lambda e: e.score.value).score if self.kept else None
             what = (
                 "none feasible yet"
                 if best is None
@@ -261,29 +354,25 @@ class _Search:
 
     def run(self) -> SearchResult:
         self.configs()
+        expand = {
+            "family": self._expand_family,
+            "config": self._expand_config,
+            "shape": self._expand_shape,
+            "dp": self._evaluate,
+        }
         while self.queue:
             negative, _, kind, payload = heapq.heappop(self.queue)
-            if -negative <= self._kth():
+            if -negative <= self._cutoff():
                 break
-            if kind == "config":
-                self._expand_config(*payload)
-            else:
-                self._evaluate(*payload)
-        self.result.plans = [entry[2] for entry in sorted(self.top, key=lambda e: -e[0])]
+            expand[kind](*payload)
+        ranked = sorted(self.kept.values(), key=lambda e: -e.score.value)
+        self.result.plans = ranked[: self.options.top_k]
         self.result.evaluations = self.e.evaluations
         self.result.seconds = time.perf_counter() - self.started
         floor = self.objective.min_samples_per_s
         if floor and self.best_floor_bound < floor:
             self.result.unreachable_floor = self.best_floor_bound
         return self.result
-
-
-def _prefix(values: list[float]) -> list[float]:
-    total, out = 0.0, [0.0]
-    for v in values:
-        total += v
-        out.append(total)
-    return out
 
 
 def search(

@@ -30,6 +30,7 @@ from orchestrator.simulator.schedule import (
     compiled_pipeline,
     compiled_schedule,
     cycle_names,
+    interpreted_pipeline,
     standard_warmup,
 )
 
@@ -103,16 +104,31 @@ def pipeline_time(
     key = (stages, exact_m, warmup)
     shape = _SHAPES.get(key)
     if shape is None:
-        shape = _SHAPES[key] = (compiled_pipeline(stages, exact_m, warmup), cycle_names(stages))
-    run, names = shape
+        shape = _SHAPES[key] = [
+            interpreted_pipeline(stages, exact_m, warmup),
+            cycle_names(stages),
+            0,
+        ]
+    elif shape[2] < COMPILE_AFTER_USES:
+        shape[2] += 1
+        if shape[2] == COMPILE_AFTER_USES:
+            shape[0] = compiled_pipeline(stages, exact_m, warmup)
+    run, names, _ = shape
     ends, per, at = run(f, b, latency, occupy_fwd, occupy_bwd, m)
     return PipelineTime(ends[0], ends, per, names[at])
 
 
-# (stages, exact microbatches, warm-up) -> compiled functions and names: a cache of pure, immutable
-# results of schedule.py's generators (which are bounded LRU caches themselves), kept in one dict
-# so that the planner's inner loop pays one lookup per pipeline.
-_SHAPES: dict[tuple, tuple] = {}
+# A shape is interpreted until it has been used this often, then compiled. Compiling costs what
+# 230 (2 stages) to 700 (32 stages) runs lose by being interpreted rather than compiled (2-3x
+# slower); switching near the break-even point keeps any mix of shapes within about twice the
+# cost of knowing in advance which ones recur.
+COMPILE_AFTER_USES = 256
+
+# (stages, exact microbatches, warm-up) -> [function, cycle names, uses]: a cache of pure results of
+# schedule.py's generators (bounded LRU caches themselves) and a use count that only decides when to
+# swap the interpreted function for the compiled one, kept in one dict so that the planner's inner
+# loop pays one lookup per pipeline.
+_SHAPES: dict[tuple, list] = {}
 
 
 def latency_aware_warmup(

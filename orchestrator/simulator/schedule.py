@@ -6,10 +6,12 @@ standard warm-up is ``P - s - 1``). Warm-ups must not increase along the pipelin
 schedule free of deadlock: stage ``s`` has run the forward that stage ``s + 1`` needs before it waits
 for any gradient from it.
 
-The planner evaluates schedules for every distinct pipeline of every candidate plan, so each shape
-is turned once into a Python function of the durations with the operations unrolled into
-local-variable arithmetic (``compiled_schedule``, ``compiled_cycles``); tests check the generated
-code against an independent event simulation.
+The planner evaluates schedules for every distinct pipeline of every candidate plan. A shape met
+often is turned into a Python function of the durations with the operations unrolled into
+local-variable arithmetic (``compiled_schedule``, ``compiled_cycles``); compiling costs about as much
+as a few dozen runs of ``interpreted_pipeline``, which walks the same operations in a loop, so
+shapes met once or twice are interpreted (pipeline.py decides). Tests check both against an
+independent event simulation.
 """
 
 from __future__ import annotations
@@ -169,3 +171,60 @@ def compiled_pipeline(stages: int, exact_m: int, warmup: Warmup) -> Callable:
     )  # noqa: S102
     assert len(cycle_names(stages)) == index and cycles is not None
     return namespace["run"]
+
+
+@functools.lru_cache(maxsize=256)
+def interpreted_pipeline(stages: int, exact_m: int, warmup: Warmup) -> Callable:
+    """The same function as ``compiled_pipeline``, as a loop over the operations: no compile."""
+    ops = topological(stages, exact_m, warmup)
+    last = stages - 1
+
+    def run(f, b, lat, of, ob, m):
+        best, at, index = -1.0, 0, 0
+        for s in range(last):
+            for v in (of[s], ob[s]):
+                if v > best:
+                    best, at = v, index
+                index += 1
+        for k in range(stages):
+            w = f[k] + b[k]
+            if w > best:
+                best, at = w, index
+            index += 1
+            for k2 in range(k + 1, stages):
+                w += f[k2] + b[k2] + 2 * lat[k2 - 1] + of[k2 - 1] + ob[k2 - 1]
+                v = w / (warmup[k] - warmup[k2] + 1)
+                if v > best:
+                    best, at = v, index
+                index += 1
+        ends = [0.0] * stages
+        send_f, send_b = [0.0] * stages, [0.0] * stages  # when each link channel is next free
+        arrive = [[0.0] * exact_m for _ in range(stages)]  # activation j reaches stage s
+        grad = [[0.0] * exact_m for _ in range(stages)]  # gradient j reaches stage s
+        for backward, s, j in ops:
+            end = ends[s]
+            if backward:
+                ready = grad[s][j]
+                end = (ready if ready > end else end) + b[s]
+                if s:
+                    channel = send_b[s]
+                    channel = (end if end > channel else channel) + ob[s - 1]
+                    send_b[s] = channel
+                    grad[s - 1][j] = channel + lat[s - 1]
+            else:
+                ready = arrive[s][j]
+                end = (ready if ready > end else end) + f[s]
+                if s < last:
+                    channel = send_f[s]
+                    channel = (end if end > channel else channel) + of[s]
+                    send_f[s] = channel
+                    arrive[s + 1][j] = channel + lat[s]
+                else:
+                    grad[s][j] = end  # the loss: this microbatch's backward may start
+            ends[s] = end
+        shift = (m - exact_m) * best
+        if shift:
+            ends = [e + shift for e in ends]
+        return tuple(ends), best, at
+
+    return run

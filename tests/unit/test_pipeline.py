@@ -169,3 +169,25 @@ def test_latency_aware_warmup_is_standard_without_slow_links():
         assert not critical.startswith("loop") or per == pytest.approx(
             max(max(x + y for x, y in zip(f, b, strict=True)), *fwd, *bwd, 0), rel=1e-9
         )
+
+
+def test_interpreted_and_compiled_pipelines_agree():
+    """pipeline_time interprets a shape until it recurs, then compiles it: both must give the same."""
+    from orchestrator.simulator.schedule import (
+        compiled_pipeline,
+        interpreted_pipeline,
+        standard_warmup,
+    )
+
+    rng = random.Random(11)
+    for trial in range(120):
+        stages, m = rng.randint(1, 10), rng.randint(1, 20)
+        f = [rng.uniform(0.1, 2) for _ in range(stages)]
+        b = [rng.uniform(0.1, 3) for _ in range(stages)]
+        links = [[rng.uniform(0, 1.5) for _ in range(stages - 1)] for _ in range(3)]
+        warmup = standard_warmup(stages) if trial % 2 else latency_aware_warmup(f, b, *links)
+        exact = min(m, warmup[0] + 3)
+        ends_i, period_i, at_i = interpreted_pipeline(stages, exact, warmup)(f, b, *links, m)
+        ends_c, period_c, at_c = compiled_pipeline(stages, exact, warmup)(f, b, *links, m)
+        assert (period_i, at_i) == (period_c, at_c)
+        assert ends_i == pytest.approx(ends_c, rel=1e-12)

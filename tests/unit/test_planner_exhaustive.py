@@ -111,3 +111,35 @@ def test_planner_matches_exhaustive_search_with_three_stages(seed, tmp_path):
         assert gap <= TOLERANCE, (
             f"seed {seed}, {name}: planner {gap:.2%} worse than exhaustive search"
         )
+
+
+def in_blocks(plan) -> bool:
+    """Stages of one GPU type come together, one TP degree per type: the space of type_blocks."""
+    kinds = [(s.replicas[0].gpu, s.replicas[0].tp) for s in plan.stages]
+    runs = [k for i, k in enumerate(kinds) if i == 0 or k != kinds[i - 1]]
+    gpus = [g for g, _ in runs]
+    return len(set(gpus)) == len(gpus)
+
+
+@pytest.mark.parametrize("seed", [200, 201, 202, 203])
+def test_bounds_never_prune_the_best_plan(seed, tmp_path):
+    """With every split and placement exact and GPU types in blocks (the families of configs),
+    the only thing that can make the planner miss is a bound that is not one: it must find the
+    best plan of that space exactly, for every objective."""
+    rng = random.Random(seed)
+    write_market(rng, tmp_path)
+    catalog = default_catalog()
+    base = prepare(recipe(tmp_path, "{goal: max_throughput}", 3), catalog)
+    everything = [e for e in enumerate_all(base.evaluator, base.space) if in_blocks(e.plan)]
+    options = SearchOptions(
+        top_k=1, exact_types_limit=1, exact_splits_limit=10**6, exact_placements_limit=10**9
+    )
+    for name, objective in objectives(best(everything)).items():
+        context = prepare(recipe(tmp_path, objective, 3), catalog)
+        reference = best([context.evaluator.rescore(e.plan, e.estimate) for e in everything])
+        found = search(context.evaluator, context.space, options).plans
+        if reference is None:
+            assert not found, name
+            continue
+        assert found, name
+        assert found[0].score.value == pytest.approx(reference.score.value, rel=1e-9), name

@@ -1,0 +1,255 @@
+"""Proven bounds on a config (microbatch size, GPU type and TP degree per stage) before any split.
+
+Per layer ``l``, ``u[l]`` is its forward + backward seconds on the fastest (GPU, TP) pair of the
+config. A stage on pair ``p`` takes at least ``rho[p]`` times the ``u`` of its layers, where
+``rho[p]`` is the least ratio of ``p``'s time to ``u`` over the layers. A stage holds at most
+``n[s]`` layers: the most of the model's smallest layers (by bytes of weights, gradients, optimizer
+state and the activations of the microbatches it keeps in flight) that fit in its GPU. So, with
+``W = sum(u)``, the slowest stage ``T`` satisfies ``sum_s min(T / rho[s], C[s]) >= W`` where
+``C[s]`` is the ``u`` of the ``n[s]`` largest layers: a stage cannot take more than its speed allows
+in ``T``, nor more layers than fit. Layers are whole, too: a stage holding ``k`` layers takes at
+least ``rho`` times the ``u`` of the ``k`` smallest, so within ``T`` it holds at most the ``k`` that
+allows, and the stages together must hold every layer. The larger of the two least ``T`` bounds
+every split from below (contiguity and the real layer sizes only make it worse); when the stages
+cannot hold every layer even without a time limit, the config cannot hold the model at all: the
+memory bound that sets the least stage count and TP degree per GPU type.
+
+Leaving layers out only lowers such a bound, so ``rho``, ``W`` and ``C`` count the heavy layers
+alone (``u`` at least half the median layer's): embeddings and heads, light and with other speed
+ratios between GPU types, would otherwise set ``rho`` for the transformer blocks.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+
+from orchestrator.errors import UserError
+from orchestrator.profiles.profile import ModelProfile
+from orchestrator.simulator import SimulatorSettings
+from orchestrator.simulator.memory import OPTIMIZER_STATE_BYTES
+
+HEAVY_LAYER_SHARE = 0.5  # layers lighter than this share of the median layer are left out
+
+
+class ConfigBounds:
+    """Caches per (microbatch, GPU, TP) so that bounding one config costs O(stages)."""
+
+    def __init__(self, profile: ModelProfile, settings: SimulatorSettings) -> None:
+        self.profile, self.settings = profile, settings
+        self._work: dict = {}
+        self._fastest: dict = {}
+        self._prefixes: dict = {}
+        self._layers: dict = {}
+        self._gpu_seconds: dict = {}
+
+    def bytes_per_param(self) -> int:
+        """Weights, gradients, optimizer state and fp32 master weights (mixed precision)."""
+        element = self.profile.element_bytes
+        optimizer = OPTIMIZER_STATE_BYTES.get(self.profile.optimizer, 8)
+        return 2 * element + optimizer + (4 if element == 2 else 0)
+
+    def layer_work(self, mbs: int, gpu: str, tp: int) -> list[float] | None:
+        """Forward + backward seconds per layer, or None if the profile lacks this TP degree."""
+        key = (mbs, gpu, tp)
+        if key not in self._work:
+            try:
+                table = self.profile.time_table(gpu, mbs, tp)
+                self._work[key] = [
+                    f + b for f, b in zip(table.forward_s, table.backward_s, strict=True)
+                ]
+            except UserError:
+                self._work[key] = None
+        return self._work[key]
+
+    def fastest(self, mbs: int, pairs: frozenset) -> tuple | None:
+        """(W, the largest u, rho per pair, prefix sums of the heavy u largest first and smallest
+        first, the times at which a stage may take one more heavy layer), or None."""
+        key = (mbs, pairs)
+        if key not in self._fastest:
+            works = {pair: self.layer_work(mbs, *pair) for pair in pairs}
+            if any(w is None for w in works.values()):
+                self._fastest[key] = None
+            else:
+                u = [min(column) for column in zip(*works.values(), strict=True)]
+                typical = statistics.median(u)
+                heavy = [i for i, value in enumerate(u) if value >= HEAVY_LAYER_SHARE * typical]
+                rho = {pair: min(work[i] / u[i] for i in heavy) for pair, work in works.items()}
+                ordered = sorted(u[i] for i in heavy)
+                largest_first = _prefix(ordered[::-1])
+                smallest_first = _prefix(ordered)
+                candidates = sorted(
+                    {r * value for r in rho.values() for value in smallest_first[1:]}
+                )
+                self._fastest[key] = (
+                    largest_first[-1],
+                    max(u),
+                    rho,
+                    largest_first,
+                    smallest_first,
+                    candidates,
+                )
+        return self._fastest[key]
+
+    def prefixes(self, mbs: int, gpu: str, tp: int, in_flight: int) -> tuple:
+        """Prefix sums over layers of seconds and of bytes held on one GPU with ``in_flight``
+        microbatches' activations kept, and the bytes it may hold (for the balanced split)."""
+        key = (mbs, gpu, tp, in_flight)
+        cached = self._prefixes.get(key)
+        if cached is None:
+            cached = self._prefixes[key] = (
+                _prefix(self.layer_work(mbs, gpu, tp)),
+                _prefix(self._held(mbs, tp, in_flight)),
+                self.room_bytes(gpu, tp),
+            )
+        return cached
+
+    def room_bytes(self, gpu: str, tp: int) -> float:
+        """Bytes a GPU may give to tensors: capacity less overhead, less fragmentation."""
+        usable = self.settings.capacity_bytes(gpu) - self.settings.overhead_bytes(gpu, tp)
+        return usable / (1 + self.settings.fragmentation_fraction)
+
+    def max_layers(self, mbs: int, gpu: str, tp: int, in_flight: int) -> int:
+        """The most layers one stage on (gpu, tp) can hold: its count of the smallest that fit."""
+        key = (mbs, gpu, tp, in_flight)
+        if key not in self._layers:
+            smallest_first = _prefix(sorted(self._held(mbs, tp, in_flight)))
+            room = self.room_bytes(gpu, tp)
+            self._layers[key] = bisect.bisect_right(smallest_first, room) - 1
+        return self._layers[key]
+
+    def slowest_stage(
+        self, mbs: int, gpus: tuple[str, ...], tps: tuple[int, ...], m: int
+    ) -> tuple[float, float] | None:
+        """(W of the heavy layers, a lower bound on the slowest stage's seconds) for any split of
+        this config whose pipelines run ``m`` or more microbatches, or None if no split fits in
+        memory."""
+        pairs = frozenset(zip(gpus, tps, strict=True))
+        fastest = self.fastest(mbs, pairs)
+        if fastest is None:
+            return None
+        stages = len(gpus)
+        rows: dict[tuple, int] = {}
+        held = 0
+        for s, pair in enumerate(zip(gpus, tps, strict=True)):
+            # standard 1F1B keeps P - s microbatches in flight (fewer when there are fewer)
+            n = self.max_layers(mbs, *pair, min(stages - s, m))
+            if n <= 0:
+                return None
+            held += n
+            rows[(pair, n)] = rows.get((pair, n), 0) + 1
+        if held < self.profile.num_layers:
+            return None
+
+        def take(value) -> float:
+            return sum(count * value(choice) for choice, count in rows.items())
+
+        return fastest[0], self._slowest(fastest, take)
+
+    def family_slowest(
+        self, mbs: int, stages: int, most_stages: dict[tuple[str, int], int]
+    ) -> tuple[float, float] | None:
+        """(W, a lower bound on the slowest stage) for any config of ``stages`` stages with at most
+        ``most_stages[pair]`` on each pair (what its GPUs allow at some data-parallel degree): the
+        bounds of ``slowest_stage``, each stage holding what one on the last stage would (the
+        fewest activations in flight), stages given to the pairs that hold the most; None if no
+        such config fits in memory."""
+        fastest = self.fastest(mbs, frozenset(most_stages))
+        if fastest is None:
+            return None
+        pool = [
+            ((pair, self.max_layers(mbs, *pair, 1)), most) for pair, most in most_stages.items()
+        ]
+
+        def take(value) -> float:  # the best stages first, up to each pair's count, P in all
+            left, got = stages, 0.0
+            for v, most in sorted(((value(c), most) for c, most in pool), reverse=True):
+                n = min(most, left)
+                got += n * v
+                left -= n
+                if not left:
+                    break
+            return got if not left else float("-inf")
+
+        if take(lambda choice: choice[1]) < self.profile.num_layers:
+            return None
+        return fastest[0], self._slowest(fastest, take)
+
+    def _slowest(self, fastest: tuple, take) -> float:
+        """The least T for which the stages can hold the heavy layers, by their work and by their
+        number; ``take(value)`` adds up ``value((pair, most layers held))`` over the stages."""
+        total, largest, rho, largest_first, smallest_first, candidates = fastest
+        heavy = len(largest_first) - 1
+
+        def work_held(t: float) -> float:
+            return take(
+                lambda choice: min(t / rho[choice[0]], largest_first[min(choice[1], heavy)])
+            )
+
+        def layers_held(t: float) -> float:
+            return take(
+                lambda choice: min(
+                    bisect.bisect_right(smallest_first, t / rho[choice[0]]) - 1, choice[1]
+                )
+            )
+
+        low, high = 0.0, max(rho.values()) * total  # one stage on the slowest pair holds it all
+        for _ in range(24):  # low stays a lower bound at every step
+            middle = (low + high) / 2
+            if work_held(middle) < total:
+                low = middle
+            else:
+                high = middle
+        # a stage holding k heavy layers takes at least rho times the k smallest: the least T is
+        # the first candidate rho * (sum of the k smallest) at which enough layers are held
+        first, last = 0, len(candidates) - 1
+        if layers_held(candidates[last]) < heavy:
+            return max(largest, low, candidates[last])
+        while first < last:
+            middle = (first + last) // 2
+            if layers_held(candidates[middle]) >= heavy:
+                last = middle
+            else:
+                first = middle + 1
+        return max(largest, low, candidates[first])
+
+    def fleet_seconds(
+        self, mbs: int, pairs: frozenset, gpus_of: dict[str, int], batch: int
+    ) -> float:
+        """Least seconds per iteration given how many GPUs of each type there are: the heavy
+        layers' GPU-seconds (TP degree x seconds) of ``batch / mbs`` microbatches spread over every
+        GPU at once, each type at its best speed relative to the fastest (no bubble, no memory)."""
+        key = (mbs, pairs)
+        if key not in self._gpu_seconds:
+            cost: dict[str, list[float]] = {}
+            for g, t in pairs:
+                work = [t * w for w in self.layer_work(mbs, g, t)]
+                cost[g] = (
+                    work
+                    if g not in cost
+                    else [min(a, b) for a, b in zip(cost[g], work, strict=True)]
+                )
+            best = [min(column) for column in zip(*cost.values(), strict=True)]
+            typical = statistics.median(best)
+            heavy = [i for i, value in enumerate(best) if value >= HEAVY_LAYER_SHARE * typical]
+            kappa = {g: min(c[i] / best[i] for i in heavy) for g, c in cost.items()}
+            self._gpu_seconds[key] = (sum(best[i] for i in heavy), kappa)
+        total, kappa = self._gpu_seconds[key]
+        rate = sum(gpus_of[g] / k for g, k in kappa.items())
+        return batch / mbs * total / rate
+
+    def _held(self, mbs: int, tp: int, in_flight: int) -> list[float]:
+        sizes = self.profile.layer_table(tp)
+        static = self.bytes_per_param()
+        return [
+            p * static + k * mbs * in_flight
+            for p, k in zip(sizes.params, sizes.act_kept_bytes, strict=True)
+        ]
+
+
+def _prefix(values: list[float]) -> list[float]:
+    total, out = 0.0, [0.0]
+    for v in values:
+        total += v
+        out.append(total)
+    return out
