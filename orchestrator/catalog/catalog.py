@@ -20,8 +20,9 @@ from orchestrator.catalog.gpus import GpuTable
 from orchestrator.catalog.locations import Location, Regions
 from orchestrator.catalog.network import LinkEstimate, NetworkTable
 from orchestrator.catalog.offers import OfferTable
-from orchestrator.catalog.records import display_path
+from orchestrator.catalog.records import display_path, read_yaml
 from orchestrator.errors import UserError
+from orchestrator.yamlsrc import YamlDoc
 
 # The installed layout puts configs/ beside orchestrator/ (both top-level in site-packages), as in
 # the source tree; so the data is found relative to this package, not to the working directory.
@@ -42,6 +43,13 @@ class Catalog:
 
     def __init__(self, configs_dir: Path | None = None) -> None:
         self.configs_dir = Path(configs_dir) if configs_dir is not None else PACKAGED_CONFIGS_DIR
+        self._docs: dict[str, YamlDoc] = {}
+
+    def yaml_doc(self, relative: str) -> YamlDoc:
+        """A config YAML file of this folder, parsed once (readers only read it)."""
+        if relative not in self._docs:
+            self._docs[relative] = read_yaml(*self._file(relative))
+        return self._docs[relative]
 
     def _file(self, relative: str) -> tuple[Path, str]:
         path = self.configs_dir / relative

@@ -42,6 +42,7 @@ class ConfigBounds:
         self._prefixes: dict = {}
         self._layers: dict = {}
         self._gpu_seconds: dict = {}
+        self._share: dict = {}
 
     def bytes_per_param(self) -> int:
         """Weights, gradients, optimizer state and fp32 master weights (mixed precision)."""
@@ -90,6 +91,22 @@ class ConfigBounds:
                     candidates,
                 )
         return self._fastest[key]
+
+    def forward_share(self, mbs: int, pairs: frozenset) -> float:
+        """The least share of forward in forward + backward over the layers on ``pairs``: a stage's
+        forward takes at least this share of its time."""
+        key = (mbs, pairs)
+        if key not in self._share:
+            shares = []
+            for g, t in pairs:
+                table = self.profile.time_table(g, mbs, t)
+                shares += [
+                    f / (f + b)
+                    for f, b in zip(table.forward_s, table.backward_s, strict=True)
+                    if f + b > 0
+                ]
+            self._share[key] = min(shares)
+        return self._share[key]
 
     def prefixes(self, mbs: int, gpu: str, tp: int, in_flight: int) -> tuple:
         """Prefix sums over layers of seconds and of bytes held on one GPU with ``in_flight``
@@ -144,7 +161,13 @@ class ConfigBounds:
         def take(value) -> float:
             return sum(count * value(choice) for choice, count in rows.items())
 
-        return fastest[0], self._slowest(fastest, take)
+        rho, largest_first = fastest[2], fastest[3]
+        heavy = len(largest_first) - 1
+        pieces = []  # (T at which the stages are full, rho, u they hold then, how many)
+        for (pair, n), count in rows.items():
+            cap = largest_first[min(n, heavy)]
+            pieces.append((cap * rho[pair], rho[pair], cap, count))
+        return fastest[0], self._slowest(fastest, take, _least_time(pieces, fastest[0]))
 
     def family_slowest(
         self, mbs: int, stages: int, most_stages: dict[tuple[str, int], int]
@@ -175,9 +198,10 @@ class ConfigBounds:
             return None
         return fastest[0], self._slowest(fastest, take)
 
-    def _slowest(self, fastest: tuple, take) -> float:
-        """The least T for which the stages can hold the heavy layers, by their work and by their
-        number; ``take(value)`` adds up ``value((pair, most layers held))`` over the stages."""
+    def _slowest(self, fastest: tuple, take, by_work: float | None = None) -> float:
+        """The least T for which the stages can hold the heavy layers, by their work (``by_work``
+        when known) and by their number; ``take(value)`` adds up ``value((pair, most layers
+        held))`` over the stages."""
         total, largest, rho, largest_first, smallest_first, candidates = fastest
         heavy = len(largest_first) - 1
 
@@ -193,13 +217,15 @@ class ConfigBounds:
                 )
             )
 
-        low, high = 0.0, max(rho.values()) * total  # one stage on the slowest pair holds it all
-        for _ in range(24):  # low stays a lower bound at every step
-            middle = (low + high) / 2
-            if work_held(middle) < total:
-                low = middle
-            else:
-                high = middle
+        low = by_work
+        if low is None:
+            low, high = 0.0, max(rho.values()) * total  # one stage on the slowest pair: all of it
+            for _ in range(16):  # low stays a lower bound at every step
+                middle = (low + high) / 2
+                if work_held(middle) < total:
+                    low = middle
+                else:
+                    high = middle
         # a stage holding k heavy layers takes at least rho times the k smallest: the least T is
         # the first candidate rho * (sum of the k smallest) at which enough layers are held
         first, last = 0, len(candidates) - 1
@@ -245,6 +271,19 @@ class ConfigBounds:
             p * static + k * mbs * in_flight
             for p, k in zip(sizes.params, sizes.act_kept_bytes, strict=True)
         ]
+
+
+def _least_time(pieces: list[tuple[float, float, float, int]], total: float) -> float:
+    """The least T with ``sum count * min(T / rho, C) >= total``; ``pieces`` hold
+    (C * rho, rho, C, count). The sum grows piecewise linearly: walk its breakpoints."""
+    speed = sum(count / rho for _, rho, _, count in pieces)  # its slope while no stage is full
+    full = 0.0  # u held by the stages already full
+    for limit, rho, cap, count in sorted(pieces):
+        if speed > 0 and (total - full) / speed <= limit:
+            return (total - full) / speed
+        full += count * cap
+        speed -= count / rho
+    return float("inf")
 
 
 def _prefix(values: list[float]) -> list[float]:

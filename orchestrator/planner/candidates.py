@@ -146,69 +146,78 @@ class Evaluator:
         except UserError:  # the profile has no times at this TP degree on this GPU
             return None
 
-    def time_lower_bound(
-        self,
-        shape: Shape,
-        times: list[tuple[float, float, float]],
-        m: int,
-        dp: int,
-        *,
-        sync: bool = True,
-    ) -> float:
-        """Iteration time if every link were the market's best: a lower bound for any placement,
-        warm-up and sync algorithm. Stage ``s`` cannot start before the first microbatch's forwards
-        and transfers reach it, must run ``m`` forwards and backwards, and its last backward must
-        wait for the next stage's; then comes the all-reduce no overlap hides (left out when
-        ``sync`` is false), and the step."""
+    def time_lower_bounds(
+        self, shape: Shape, times: list[tuple[float, float, float]], degrees: list[int]
+    ) -> list[float]:
+        """Iteration time at each of ``degrees`` if every link were the market's best: a lower
+        bound for any placement, warm-up and sync algorithm. Stage ``s`` cannot start before the
+        first microbatch's forwards and transfers reach it; it must run ``m`` forwards and
+        backwards; its last backward waits for the next stage's, and for the last microbatch to go
+        from its ``m``-th forward down the pipeline and back. Then comes the all-reduce no overlap
+        hides, and the step."""
         latency, bandwidth = self.links().best
-        stages = shape.stages
-        scale = shape.mbs * self.profile.element_bytes
+        stages, profile = shape.stages, self.profile
+        scale = shape.mbs * profile.element_bytes
         comm = [
             latency
-            + self.profile.stage_facts(shape.tps[s], shape.split[s], shape.split[s + 1])[3]
+            + profile.stage_facts(shape.tps[s], shape.split[s], shape.split[s + 1])[3]
             * scale
             / bandwidth
             for s in range(stages - 1)
         ]
-        start = [0.0] * stages
+        start, downstream = [0.0] * stages, [0.0] * stages  # downstream: a round trip below s
         for s in range(1, stages):
             start[s] = start[s - 1] + times[s - 1][0] + comm[s - 1]
-        end = start[-1] + m * (times[-1][0] + times[-1][1])
-        if not sync:
-            dp = 1  # no all-reduce
-        worst = end + self.sync_lower_bound(shape, s=stages - 1, backward_s=times[-1][1], dp=dp)
-        worst += times[-1][2]
         for s in range(stages - 2, -1, -1):
-            f, b, update = times[s]
-            end = max(start[s] + m * (f + b), end + comm[s] + b)
-            exposed = self.sync_lower_bound(shape, s=s, backward_s=b, dp=dp)
-            worst = max(worst, end + exposed + update)
-        return worst
+            f, b, _ = times[s + 1]
+            downstream[s] = downstream[s + 1] + f + b + 2 * comm[s]
+        messages = [
+            profile.stage_gradient_elements(shape.split[s], shape.split[s + 1], shape.tps[s])
+            * profile.element_bytes
+            for s in range(stages)
+        ]
+        out = []
+        for dp in degrees:
+            m = self.microbatches(shape, dp)
+            worst = previous = 0.0
+            for s in range(stages - 1, -1, -1):
+                f, b, update = times[s]
+                end = max(start[s] + m * (f + b), start[s] + m * f + downstream[s] + b)
+                if s < stages - 1:
+                    end = max(end, previous + comm[s] + b)
+                exposed = self._exposed(messages[s], dp, shape.gpus[s], shape.tps[s], b)
+                worst = max(worst, end + exposed + update)
+                previous = end
+            out.append(worst)
+        return out
 
-    def sync_lower_bound(self, shape: Shape, *, s: int, backward_s: float, dp: int) -> float:
-        """The least all-reduce time of stage ``s`` left after its last backward, for any placement
-        (collectives.py's formulas over the best links there can be)."""
+    def _exposed(self, message: float, dp: int, gpu: str, tp: int, backward_s: float) -> float:
+        """The least all-reduce time left after the stage's last backward."""
         if dp < 2:
             return 0.0
-        links = self.links()
-        element = self.profile.element_bytes
-        message = (
-            self.profile.stage_gradient_elements(shape.split[s], shape.split[s + 1], shape.tps[s])
-            * element
-        )
-        # a flat ring (or a hierarchy inside one region) over dp replicas; when they do not fit in
-        # one place the ring crosses places, and its slowest link is at best the best such link
-        fits = dp * shape.tps[s] <= links.most_in_one_place.get(shape.gpus[s], 0)
-        latency, bandwidth = links.best if fits else links.across_places
-        sync = 2 * (dp - 1) * (latency + message / dp / bandwidth)
-        if "hierarchical" in self.space.allreduce and links.regions > 1:
-            least = min(compressed_bytes(message, element, c) for c in self.space.compression)
-            sync = min(sync, _hierarchical_lower_bound(links, dp, message, least))
+        sync = self.allreduce_lower_bound(message, dp, [(gpu, tp)])
         if not self.settings.overlap_grad_sync:
             return sync
         bucket = self.settings.bucket_bytes
         last_bucket = sync * bucket / message if message > bucket else sync
         return max(last_bucket, sync - backward_s)
+
+    def allreduce_lower_bound(self, message: float, dp: int, pairs) -> float:
+        """The least time of an all-reduce of ``message`` bytes over ``dp`` replicas of one of
+        ``pairs`` (GPU type, TP degree), for any placement."""
+        if dp < 2:
+            return 0.0
+        links = self.links()
+        # a flat ring (or a hierarchy inside one region) over dp replicas; when they do not fit in
+        # one place the ring crosses places, and its slowest link is at best the best such link
+        fits = any(dp * t <= links.most_in_one_place.get(g, 0) for g, t in pairs)
+        latency, bandwidth = links.best if fits else links.across_places
+        sync = 2 * (dp - 1) * (latency + message / dp / bandwidth)
+        if "hierarchical" in self.space.allreduce and links.regions > 1:
+            element = self.profile.element_bytes
+            least = min(compressed_bytes(message, element, c) for c in self.space.compression)
+            sync = min(sync, _hierarchical_lower_bound(links, dp, message, least))
+        return sync
 
     def links(self) -> LinkBounds:
         if self._links is None:

@@ -87,6 +87,11 @@ class _Search:
         self._dp: dict = {}
         self._price: dict = {}
         self._gpus_of = {g: space.capacity(g) for g in space.gpu_types}
+        profile = evaluator.profile
+        self._model_gradient_bytes = (
+            profile.stage_gradient_elements(0, profile.num_layers, min(space.tp_degrees))
+            * profile.element_bytes
+        )
 
     # ---- bounds -------------------------------------------------------------------------
     def _value(self, dp: int, seconds: float, hourly: float) -> float:
@@ -210,22 +215,33 @@ class _Search:
             return None
 
         fleet = self.bounds.fleet_seconds(mbs, pairs, self._gpus_of, batch)
+        # some stage holds at least 1/P of the gradients; its all-reduce ends the iteration at best
+        share = self._model_gradient_bytes / stages
+        # the last microbatch's m-th forward on the slowest stage, then its trip down and back
+        forward = self.bounds.forward_share(mbs, pairs)
 
         def seconds(dp: int) -> float:
             # Stage s cannot finish before the work of the stages ahead of it plus m microbatches of
             # its own; the most work P stages can hold under that limit is T * (1 - (1 - 1/m)^P).
-            # And all GPUs there are together can do no more than their speeds allow.
+            # All GPUs there are together can do no more than their speeds allow.
             m = batch // (mbs * dp)
-            return max(total / (1 - (1 - 1 / m) ** stages), m * slowest, fleet)
+            return max(
+                total / (1 - (1 - 1 / m) ** stages),
+                m * slowest,
+                total + (m - 1) * forward * slowest,
+                fleet,
+                self.e.allreduce_lower_bound(share, dp, pairs),
+            )
 
         if count:
-            self.best_floor_bound = max(self.best_floor_bound, batch / seconds(max(degrees)))
-        # both values are monotone in D under this bound: the extreme degree bounds them all
+            self.best_floor_bound = max(
+                self.best_floor_bound, max(batch / seconds(d) for d in degrees)
+            )
         degrees = [d for d in degrees if self._within_limits(d, seconds(d), hourly)]
         if not degrees:
             return None
-        dp = max(degrees) if self.objective.goal == "max_throughput" else min(degrees)
-        return self._value(dp, seconds(dp), hourly), degrees
+        value = max(self._value(d, seconds(d), hourly) for d in degrees)
+        return value, degrees
 
     def _config(self, mbs: int, gpus: tuple[str, ...], tps: tuple[int, ...]) -> None:
         need: dict[str, int] = {}
@@ -268,23 +284,25 @@ class _Search:
             fewest = self.space.global_batch_size // (mbs * max(degrees))
             balanced = self._balanced(mbs, gpus, tps, fewest)
             splits = [] if balanced is None else [balanced, *neighbours(balanced)]
-        dp = max(degrees) if self.objective.goal == "max_throughput" else min(degrees)
         for split in splits:
             shape = Shape(mbs, gpus, tps, split)
             times = self.e.stage_times(shape)
             if times is None:
                 continue
-            # without the all-reduce, the pipeline bound is monotone in D as above
-            m = self.e.microbatches(shape, dp)
-            seconds = self.e.time_lower_bound(shape, times, m, dp, sync=False)
-            self._push(self._value(dp, seconds, hourly), "shape", (shape, times, hourly, degrees))
+            bounds = [
+                (self._value(dp, seconds, hourly), dp)
+                for dp, seconds in zip(
+                    degrees, self.e.time_lower_bounds(shape, times, degrees), strict=True
+                )
+                if self._within_limits(dp, seconds, hourly)
+            ]
+            if bounds:
+                self._push(max(bounds)[0], "shape", (shape, bounds))
 
     # ---- level 3: (shape, D) ------------------------------------------------------------
-    def _expand_shape(self, shape: Shape, times, hourly: float, degrees: list[int]) -> None:
-        for dp in degrees:
-            seconds = self.e.time_lower_bound(shape, times, self.e.microbatches(shape, dp), dp)
-            if self._within_limits(dp, seconds, hourly):
-                self._push(self._value(dp, seconds, hourly), "dp", (shape, dp))
+    def _expand_shape(self, shape: Shape, bounds: list[tuple[float, int]]) -> None:
+        for value, dp in bounds:
+            self._push(value, "dp", (shape, dp))
 
     def _balanced(self, mbs: int, gpus, tps, m: int):
         """The min-max split, with each stage's memory (static bytes and activations in flight)."""

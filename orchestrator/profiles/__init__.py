@@ -22,7 +22,12 @@ __all__ = ["ModelProfile", "analytic_settings", "profile_for_recipe", "sailor_pr
 
 
 def analytic_settings(catalog: Catalog) -> AnalyticSettings:
-    return AnalyticSettings.load(catalog.configs_dir / "simulator.yaml", "configs/simulator.yaml")
+    return AnalyticSettings.load(
+        catalog.configs_dir / "simulator.yaml",
+        "configs/simulator.yaml",
+        gpus=catalog.gpus,
+        doc=catalog.yaml_doc("simulator.yaml"),
+    )
 
 
 def sailor_profile(model: str, gpus: Iterable[str], catalog: Catalog) -> ModelProfile:

@@ -30,6 +30,7 @@ from orchestrator.profiles.profile import (
     ModelProfile,
     TimeTable,
 )
+from orchestrator.yamlsrc import YamlDoc
 from runtime.models.specs import CnnSpec, GptSpec, ModelSpec
 
 # Bytes read and written per parameter by one optimizer step (gradient in, state and weights in/out).
@@ -84,10 +85,12 @@ class AnalyticSettings:
         return self.update_memory_efficiency.for_gpu(gpu)
 
     @classmethod
-    def load(cls, path: Path, display: str, *, gpus: GpuTable | None = None) -> AnalyticSettings:
-        """Read section ``analytic``; per-GPU keys are checked against ``gpus`` (by default the
-        gpus.yaml beside ``path``)."""
-        doc = read_yaml(path, display)
+    def load(
+        cls, path: Path, display: str, *, gpus: GpuTable | None = None, doc: YamlDoc | None = None
+    ) -> AnalyticSettings:
+        """Read section ``analytic`` (of ``doc`` when given, already parsed from ``path``); per-GPU
+        keys are checked against ``gpus`` (by default the gpus.yaml beside ``path``)."""
+        doc = doc if doc is not None else read_yaml(path, display)
         if gpus is None:
             gpus = GpuTable.load(path.parent / "gpus.yaml", str(Path(display).parent / "gpus.yaml"))
         entry = Entry(doc, ("analytic",))

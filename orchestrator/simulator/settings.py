@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from orchestrator.catalog import Catalog
 from orchestrator.catalog.per_gpu import PerGpu, read_per_gpu
-from orchestrator.catalog.records import Entry, read_yaml
+from orchestrator.catalog.records import Entry
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,8 +33,7 @@ def _bytes(entry: Entry, key: str) -> float:
 
 
 def load_settings(catalog: Catalog) -> SimulatorSettings:
-    path = catalog.configs_dir / "simulator.yaml"
-    doc = read_yaml(path, "configs/simulator.yaml")
+    doc = catalog.yaml_doc("simulator.yaml")
     memory = Entry(doc, ("memory",))
     comm = Entry(doc, ("communication",))
     overlap = comm.raw("overlap_grad_sync")
