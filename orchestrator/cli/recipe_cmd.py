@@ -1,4 +1,4 @@
-"""``validate`` (built) and ``plan``, ``simulate``, ``submit``, ``status`` (announced, not built yet)."""
+"""``validate`` (built) and ``submit``, ``status`` (announced, not built yet)."""
 
 from __future__ import annotations
 
@@ -92,13 +92,6 @@ def _recipe_json(recipe: Recipe) -> dict:
 
 # Commands that are part of the product but not built yet: each says what it will do.
 PENDING = {
-    "plan": (
-        "choose GPUs, places and the parallel plan for a recipe",
-        "search which GPUs to rent where (spot or on-demand) and how to split the model over them "
-        "(pipeline, data and tensor parallel degrees, microbatch), score each plan with the simulator, "
-        "print the ranked plans and write the best one as plan.yaml",
-        "python -m orchestrator plan recipes/quickstart.yaml --top 5",
-    ),
     "submit": (
         "run a recipe end to end on the chosen provider",
         "start the driver actor, which polls the market, plans, launches nodes, trains, and re-plans and "
@@ -132,5 +125,5 @@ def _run_pending(args: argparse.Namespace, catalog: Catalog) -> int:
     summary, detail, _ = PENDING[args.pending]
     raise NotBuiltError(
         f"'{args.pending}' is not built yet. It will {detail}.\n"
-        "Available now: validate, catalog (python -m orchestrator --help)."
+        "Available now: validate, catalog, simulate, plan (python -m orchestrator --help)."
     )

@@ -43,6 +43,7 @@ class ConfigBounds:
         self._layers: dict = {}
         self._gpu_seconds: dict = {}
         self._share: dict = {}
+        self._mins: dict = {}
 
     def bytes_per_param(self) -> int:
         """Weights, gradients, optimizer state and fp32 master weights (mixed precision)."""
@@ -168,6 +169,56 @@ class ConfigBounds:
             cap = largest_first[min(n, heavy)]
             pieces.append((cap * rho[pair], rho[pair], cap, count))
         return fastest[0], self._slowest(fastest, take, _least_time(pieces, fastest[0]))
+
+    def forced_layers(self, mbs: int, gpus: tuple[str, ...], tps: tuple[int, ...]) -> float:
+        """A lower bound on the slowest stage from the layers a stage cannot avoid: stage ``s`` of
+        ``P`` holds at least one layer of ``[s, s + L - P]`` (the first holds layer 0, the last the
+        head), so it takes at least the least of their times on its (GPU, TP) pair."""
+        slack = self.profile.num_layers - len(gpus)
+        worst = 0.0
+        for s, pair in enumerate(zip(gpus, tps, strict=True)):
+            mins = self._window_mins(mbs, pair)
+            if mins is not None:
+                worst = max(worst, mins[s][s + slack])
+        return worst
+
+    def forced_blocks(self, mbs: int, blocks: tuple[tuple[str, int], ...], stages: int) -> float:
+        """``forced_layers`` for every config of ``stages`` stages in ``blocks`` (each at least one
+        stage, in this order): block ``b`` of ``n`` has a stage among ``[b, P - n + b]``, so it
+        holds a layer of ``[b, P - n + b + L - P]``; the first block holds layer 0, the last the
+        head."""
+        layers, n = self.profile.num_layers, len(blocks)
+        slack = layers - stages
+        worst = 0.0
+        for b, pair in enumerate(blocks):
+            mins = self._window_mins(mbs, pair)
+            if mins is None:
+                continue
+            if b == 0:
+                low, high = 0, slack
+            elif b == n - 1:
+                low, high = layers - 1 - slack, layers - 1
+            else:
+                low, high = b, stages - n + b + slack
+            worst = max(worst, mins[low][high])
+        return worst
+
+    def _window_mins(self, mbs: int, pair: tuple[str, int]) -> list[list[float]] | None:
+        """``mins[i][j]``: the least forward + backward seconds of layers ``i..j`` on ``pair``."""
+        key = (mbs, pair)
+        if key not in self._mins:
+            work = self.layer_work(mbs, *pair)
+            table = None
+            if work is not None:
+                table = []
+                for low in range(len(work)):
+                    row, least = [float("inf")] * len(work), float("inf")
+                    for high in range(low, len(work)):
+                        least = min(least, work[high])
+                        row[high] = least
+                    table.append(row)
+            self._mins[key] = table
+        return self._mins[key]
 
     def family_slowest(
         self, mbs: int, stages: int, most_stages: dict[tuple[str, int], int]

@@ -130,6 +130,7 @@ class Evaluator:
         self.evaluations = 0
         self._rates = {r.infra: (r.cloud, r.preemption_rate_per_hour) for r in space.resources}
         self._replicas: dict[tuple, Replica] = {}
+        self._syncs: dict[tuple, float] = {}  # (message, dp, gpu, tp) -> least all-reduce seconds
         self._links: LinkBounds | None = None
 
     def microbatches(self, shape: Shape, dp: int) -> int | None:
@@ -185,17 +186,20 @@ class Evaluator:
                 end = max(start[s] + m * (f + b), start[s] + m * f + downstream[s] + b)
                 if s < stages - 1:
                     end = max(end, previous + comm[s] + b)
-                exposed = self._exposed(messages[s], dp, shape.gpus[s], shape.tps[s], b)
+                exposed = self.exposed_sync(messages[s], dp, shape.gpus[s], shape.tps[s], b)
                 worst = max(worst, end + exposed + update)
                 previous = end
             out.append(worst)
         return out
 
-    def _exposed(self, message: float, dp: int, gpu: str, tp: int, backward_s: float) -> float:
+    def exposed_sync(self, message: float, dp: int, gpu: str, tp: int, backward_s: float) -> float:
         """The least all-reduce time left after the stage's last backward."""
         if dp < 2:
             return 0.0
-        sync = self.allreduce_lower_bound(message, dp, [(gpu, tp)])
+        key = (message, dp, gpu, tp)  # stages recur across splits and shapes
+        sync = self._syncs.get(key)
+        if sync is None:
+            sync = self._syncs[key] = self.allreduce_lower_bound(message, dp, [(gpu, tp)])
         if not self.settings.overlap_grad_sync:
             return sync
         bucket = self.settings.bucket_bytes

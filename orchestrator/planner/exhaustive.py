@@ -49,3 +49,24 @@ def _variants(
 def best(evaluated: list[Evaluated]) -> Evaluated | None:
     feasible = [e for e in evaluated if e.score.feasible]
     return max(feasible, key=lambda e: e.score.value) if feasible else None
+
+
+def binding_objectives(fastest: Evaluated, *, steps: int, global_batch_size: int) -> dict[str, str]:
+    """Every kind of objective, as recipe YAML, with limits set from a market's fastest plan so that
+    they bind: a $/h budget at 60% of its spend, a floor at half its throughput, a deadline it
+    would meet at 40% of its throughput. For comparisons with the exhaustive search."""
+    throughput, spend = fastest.score.samples_per_s, fastest.score.spend_usd_per_hour
+    deadline_h = steps * global_batch_size / (0.4 * throughput) / 3600
+    return {
+        "max_throughput": "{goal: max_throughput}",
+        "min_cost": "{goal: min_cost}",
+        "max_throughput_under_budget": (
+            f"{{goal: max_throughput, budget_usd_per_hour: {0.6 * spend:.6g}}}"
+        ),
+        "min_cost_over_floor": (
+            f"{{goal: min_cost, min_throughput_samples_per_s: {0.5 * throughput:.6g}}}"
+        ),
+        "min_cost_by_deadline": f"{{goal: min_cost, deadline_h: {deadline_h:.6g}}}",
+        "max_throughput_risk_aware": "{goal: max_throughput, risk_aware: true}",
+        "min_cost_risk_aware": "{goal: min_cost, risk_aware: true}",
+    }

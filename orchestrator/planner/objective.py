@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from orchestrator.catalog import Catalog
-from orchestrator.catalog.records import Entry, read_yaml
+from orchestrator.catalog.records import Entry
 from orchestrator.plan import Plan
 from orchestrator.recipe import Recipe
 from orchestrator.simulator import Estimate
@@ -69,7 +69,7 @@ class RiskModel:
 
     @classmethod
     def load(cls, catalog: Catalog) -> RiskModel:
-        doc = read_yaml(catalog.configs_dir / "planner.yaml", "configs/planner.yaml")
+        doc = catalog.yaml_doc("planner.yaml")
         entry = Entry(doc, ("risk",))
 
         def by_cloud(key: str) -> dict[str, float]:

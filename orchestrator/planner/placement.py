@@ -11,7 +11,8 @@ search by bench/planner_quality.py): first the placements that keep every stage'
 one region, all stages in one region or the stages before a cut in one and the rest in another (the
 pipeline crosses a region boundary once, data-parallel all-reduces never do); only when none of
 those fits, each stage fills places region by region in an order, spilling into the next region,
-with the same two patterns of orders. Within a region, places with more capacity come first.
+with the same two patterns of orders. Within a region, places are filled twice: largest capacity
+first (fewest zones), and cheapest first (zones of a region may differ in price).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def placements(
         yield from _exact(options, gpus, tps, dp, capacity, space.max_gpus)
     else:
         seen = set()
-        for columns in _menu(options, gpus, tps, dp, capacity, space.max_gpus):
+        for columns in _menu(options, gpus, tps, dp, capacity, space.max_gpus, spot):
             if columns not in seen:
                 seen.add(columns)
                 yield columns
@@ -115,22 +116,28 @@ def _orders(options) -> list[tuple[str, ...]]:
     return [(first, *[r for r in ranked if r != first]) for first in ranked]
 
 
-def _menu(options, gpus, tps, dp, capacity, max_gpus) -> Iterator[Columns]:
+def _menu(options, gpus, tps, dp, capacity, max_gpus, spot: bool) -> Iterator[Columns]:
     orders = _orders(options)
     regions = [order[0] for order in orders]
     stages = len(options)
+    # inside a region, the places that can give the most first (fewer zones to span), then the
+    # cheapest first (for cost objectives, and where prices differ between zones)
+    by_size = lambda r: (-r.capacity, r.usd_per_gpu_hour(spot), r.infra)  # noqa: E731
+    by_price = lambda r: (r.usd_per_gpu_hour(spot), -r.capacity, r.infra)  # noqa: E731
     found = False
-    for per_stage in _patterns([(region,) for region in regions], stages):
-        columns = _fill(options, gpus, tps, dp, capacity, max_gpus, per_stage, spill=False)
-        if columns is not None:
-            found = True
-            yield columns
+    for key in (by_size, by_price):
+        for per_stage in _patterns([(region,) for region in regions], stages):
+            columns = _fill(options, gpus, tps, dp, capacity, max_gpus, per_stage, key, spill=False)
+            if columns is not None:
+                found = True
+                yield columns
     if found:
         return
-    for per_stage in _patterns(orders, stages):
-        columns = _fill(options, gpus, tps, dp, capacity, max_gpus, per_stage, spill=True)
-        if columns is not None:
-            yield columns
+    for key in (by_size, by_price):
+        for per_stage in _patterns(orders, stages):
+            columns = _fill(options, gpus, tps, dp, capacity, max_gpus, per_stage, key, spill=True)
+            if columns is not None:
+                yield columns
 
 
 def _patterns(orders: list[tuple[str, ...]], stages: int) -> Iterator[list[tuple[str, ...]]]:
@@ -142,9 +149,11 @@ def _patterns(orders: list[tuple[str, ...]], stages: int) -> Iterator[list[tuple
             yield [before] * cut + [after] * (stages - cut)
 
 
-def _fill(options, gpus, tps, dp, capacity, max_gpus, per_stage, *, spill: bool) -> Columns | None:
+def _fill(
+    options, gpus, tps, dp, capacity, max_gpus, per_stage, key, *, spill: bool
+) -> Columns | None:
     """Each stage takes replicas from its regions in order (and, if ``spill``, from any other place
-    after them); None if the replicas do not fit."""
+    after them), places of a region in ``key`` order; None if the replicas do not fit."""
     left = dict(capacity)
     total = 0
     columns = []
@@ -152,7 +161,7 @@ def _fill(options, gpus, tps, dp, capacity, max_gpus, per_stage, *, spill: bool)
         rank = {region: i for i, region in enumerate(per_stage[s])}
         ordered: list[Resource] = sorted(
             (r for r in places if spill or r.region in rank),
-            key=lambda r: (rank.get(r.region, len(rank)), -r.capacity, r.infra),
+            key=lambda r: (rank.get(r.region, len(rank)), key(r)),
         )
         need, column = dp, []
         for r in ordered:

@@ -10,9 +10,9 @@ Three levels, each with a bound that no plan below it can beat:
 3. a (shape, data-parallel degree): the same with the all-reduce over the best links there are.
 Limits prune too: a $/h budget caps the degree (the GPUs alone cost that much), a throughput floor
 or a total budget drops what cannot meet it even at the bound. A priority queue pops the best
-bound; when it cannot beat the best plan found (by more than ``optimality_gap``), the search ends:
-the first plan is the best of the space. The others returned are the best other (shape, degree)
-pairs the search simulated on its way: good alternatives, not proven second to fifth. Only
+bound; when it cannot beat the best plan found (by more than ``optimality_gap``), the first plan is
+proven the best of the space. The search goes on, in bound order, only until it has ``top_k``
+(shape, degree) pairs: the others listed are good alternatives, not proven second to fifth. Only
 (shape, degree) pairs reach the simulator, once per placement, sync algorithm, compression and
 pricing; every simulated plan is kept as a point of the cost/throughput frontier.
 
@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from orchestrator.errors import UserError
 from orchestrator.planner.bounds import ConfigBounds
 from orchestrator.planner.candidates import (
     Blocks,
@@ -68,6 +69,9 @@ class SearchResult:
     closest: Evaluated | None = None  # the best infeasible plan, to explain what binds
     unreachable_floor: float | None = None  # best throughput bound, when below the floor
     no_fit: bool = False  # no config fits memory or the GPUs there are
+    skipped: Counter = field(default_factory=Counter)  # why configs were left out: memory, gpus
+    # (too few of a type), node (TP wider than any node), budget ($/h)
+    cheapest_usd_per_hour: float | None = None  # least $/h of a pipeline the $/h budget left out
     points: list[tuple[float, float, bool]] = field(default_factory=list)  # (samples/s, $/1M
     # samples, feasible) of every simulated plan: the cost/throughput frontier
 
@@ -77,6 +81,7 @@ class _Search:
         self.e, self.space, self.options = evaluator, space, options
         self.objective = evaluator.objective
         self.best_value = float("-inf")  # the best feasible plan's value so far
+        self.kth_value = float("-inf")  # the k-th best (shape, D)'s, once there are k
         self.kept: dict[tuple, Evaluated] = {}  # (shape, D) -> its best feasible variant
         self.queue: list[tuple[float, int, str, tuple]] = []
         self.counter = itertools.count()
@@ -86,6 +91,7 @@ class _Search:
         self.bounds = ConfigBounds(evaluator.profile, evaluator.settings)
         self._dp: dict = {}
         self._price: dict = {}
+        self._tails: dict = {}
         self._gpus_of = {g: space.capacity(g) for g in space.gpu_types}
         profile = evaluator.profile
         self._model_gradient_bytes = (
@@ -123,8 +129,14 @@ class _Search:
         return best + self.options.optimality_gap * abs(best) if best > float("-inf") else best
 
     def _push(self, bound: float, kind: str, payload: tuple) -> None:
-        if bound > self._cutoff():
+        if bound > self.kth_value:  # it may still be among the top k listed
             heapq.heappush(self.queue, (-bound, next(self.counter), kind, payload))
+
+    def _done(self, bound: float) -> bool:
+        """Nothing left can enter the top k, or the best is proven and there are k plans."""
+        if bound <= self.kth_value:
+            return True
+        return bound <= self._cutoff() and len(self.kept) >= self.options.top_k
 
     def _within_limits(self, dp: int, seconds: float, hourly: float) -> bool:
         """False when a plan this fast and this cheap at best would still break a limit."""
@@ -158,21 +170,35 @@ class _Search:
         block of GPU type g with TP t has at most ``N_g / (D t)`` stages."""
         prices = [self._pair_hour(g, t) for g, t in blocks]
         if None in prices:
+            self.result.skipped["node"] += 1
             return
         hourly = sum(prices) + (stages - len(blocks)) * min(prices)
-        best = float("-inf")
+        ends = self.bounds.forced_blocks(mbs, blocks, stages)
+        best, why = float("-inf"), "gpus"
         for dp in self._degrees(mbs, ()):
             most = {(g, t): self._gpus_of[g] // (dp * t) for g, t in blocks}
             if min(most.values()) < 1 or sum(most.values()) < stages:
                 continue
             bound = self.bounds.family_slowest(mbs, stages, most)
             if bound is None:
+                why = "memory"
                 continue
+            bound = (bound[0], max(bound[1], ends))
+            why = ""
             found = self._best_degree(
-                mbs, stages, [dp], hourly, *bound, pairs=frozenset(blocks), count=False
+                mbs,
+                stages,
+                [dp],
+                hourly,
+                *bound,
+                pairs=frozenset(blocks),
+                first=blocks[0],
+                count=False,
             )
             if found is not None:
                 best = max(best, found[0])
+        if why:
+            self.result.skipped[why] += 1
         if best > float("-inf"):
             self._push(best, "family", (mbs, stages, blocks))
 
@@ -202,14 +228,19 @@ class _Search:
         slowest: float,
         *,
         pairs: frozenset,
+        first: tuple[str, int],
         count: bool,
-    ) -> tuple[float, list[int]] | None:
-        """(the best value over ``degrees``, those that may meet the limits) for pipelines of
-        ``stages`` stages whose heavy layers take ``total`` seconds at best and whose slowest stage
-        takes ``slowest`` at least; None if no degree may."""
+    ) -> tuple[float, list[tuple[float, int]]] | None:
+        """(the best value over ``degrees``, (value bound, degree) of those that may meet the
+        limits) for pipelines of
+        ``stages`` stages whose heavy layers take ``total`` seconds at best, whose slowest stage
+        takes ``slowest`` at least and whose first stage runs on the (GPU, TP) pair ``first``;
+        None if no degree may."""
         batch = self.space.global_batch_size
         budget = self.objective.budget_usd_per_hour
-        if budget is not None:  # GPUs alone cost hourly * D; egress only adds
+        if budget is not None and degrees:  # GPUs alone cost hourly * D; egress only adds
+            if hourly * min(degrees) > budget:
+                self._over_budget(hourly * min(degrees))
             degrees = [d for d in degrees if hourly * d <= budget]
         if not degrees:
             return None
@@ -224,12 +255,17 @@ class _Search:
             # Stage s cannot finish before the work of the stages ahead of it plus m microbatches of
             # its own; the most work P stages can hold under that limit is T * (1 - (1 - 1/m)^P).
             # All GPUs there are together can do no more than their speeds allow.
+            # All of that ends with the first stage's last backward (every other stage's last
+            # backward comes before it); the first stage's all-reduce and step come after.
             m = batch // (mbs * dp)
-            return max(
+            pipeline = max(
                 total / (1 - (1 - 1 / m) ** stages),
                 m * slowest,
                 total + (m - 1) * forward * slowest,
                 fleet,
+            )
+            return max(
+                pipeline + self._first_stage_tail(mbs, first, dp, stages),
                 self.e.allreduce_lower_bound(share, dp, pairs),
             )
 
@@ -237,11 +273,41 @@ class _Search:
             self.best_floor_bound = max(
                 self.best_floor_bound, max(batch / seconds(d) for d in degrees)
             )
-        degrees = [d for d in degrees if self._within_limits(d, seconds(d), hourly)]
-        if not degrees:
+        values = []
+        for d in degrees:
+            t = seconds(d)
+            if self._within_limits(d, t, hourly):
+                values.append((self._value(d, t, hourly), d))
+        if not values:
             return None
-        value = max(self._value(d, seconds(d), hourly) for d in degrees)
-        return value, degrees
+        return max(values)[0], values
+
+    def _first_stage_tail(self, mbs: int, first: tuple[str, int], dp: int, stages: int) -> float:
+        """The least time from the first stage's last backward to the end of its step: the
+        all-reduce its last backward cannot hide, then its optimizer step, over every number of
+        layers it may hold (at least layer 0, at most all but one per other stage)."""
+        key = (mbs, first, dp, stages)
+        tail = self._tails.get(key)
+        if tail is None:
+            gpu, tp = first
+            profile, tail = self.e.profile, float("inf")
+            layers = self.space.num_layers
+            for end in range(1 if stages > 1 else layers, layers - stages + 2):
+                try:
+                    _, backward, update = profile.stage_times(gpu, mbs, tp, 0, end)
+                except UserError:  # no times at this TP degree: no bound from this stage
+                    tail = 0.0
+                    break
+                message = profile.stage_gradient_elements(0, end, tp) * profile.element_bytes
+                tail = min(tail, self.e.exposed_sync(message, dp, gpu, tp, backward) + update)
+            self._tails[key] = tail
+        return tail
+
+    def _over_budget(self, usd_per_hour: float) -> None:
+        r = self.result
+        r.skipped["budget"] += 1
+        if r.cheapest_usd_per_hour is None or usd_per_hour < r.cheapest_usd_per_hour:
+            r.cheapest_usd_per_hour = usd_per_hour
 
     def _config(self, mbs: int, gpus: tuple[str, ...], tps: tuple[int, ...]) -> None:
         need: dict[str, int] = {}
@@ -250,17 +316,29 @@ class _Search:
         degrees = self._degrees(mbs, tuple(sorted(need.items())))
         hourly = self._hourly_per_pipeline(gpus, tps)
         if hourly is None or not degrees:
+            self.result.skipped["node" if hourly is None else "gpus"] += 1
             return
         fewest = self.space.global_batch_size // (mbs * max(degrees))  # microbatches at most D
         bound = self.bounds.slowest_stage(mbs, gpus, tps, fewest)
         if bound is None:
+            self.result.skipped["memory"] += 1
             return
+        bound = (bound[0], max(bound[1], self.bounds.forced_layers(mbs, gpus, tps)))
         self.result.configs += 1
         pairs = frozenset(zip(gpus, tps, strict=True))
-        found = self._best_degree(mbs, len(gpus), degrees, hourly, *bound, pairs=pairs, count=True)
+        found = self._best_degree(
+            mbs,
+            len(gpus),
+            degrees,
+            hourly,
+            *bound,
+            pairs=pairs,
+            first=(gpus[0], tps[0]),
+            count=True,
+        )
         if found is not None:
-            value, degrees = found
-            self._push(value, "config", (mbs, gpus, tps, hourly, degrees))
+            value, values = found
+            self._push(value, "config", (mbs, gpus, tps, hourly, values))
 
     def _degrees(self, mbs: int, need: tuple[tuple[str, int], ...]) -> list[int]:
         """Data-parallel degrees for pipelines needing ``need`` GPUs per type (none: any count)."""
@@ -276,7 +354,11 @@ class _Search:
         return self._dp[key]
 
     # ---- level 2: shapes (a config with a layer split) ----------------------------------
-    def _expand_config(self, mbs: int, gpus, tps, hourly: float, degrees: list[int]) -> None:
+    def _expand_config(
+        self, mbs: int, gpus, tps, hourly: float, values: list[tuple[float, int]]
+    ) -> None:
+        # only the degrees whose bound can still enter the top k are worth a split
+        degrees = [d for v, d in values if v > self.kth_value]
         stages, layers = len(gpus), self.space.num_layers
         if count_splits(layers, stages) <= self.options.exact_splits_limit:
             splits = all_splits(layers, stages)
@@ -353,6 +435,11 @@ class _Search:
         kept = self.kept.get(key)
         if kept is None or s.value > kept.score.value:
             self.kept[key] = evaluated
+            if len(self.kept) >= self.options.top_k:
+                values = heapq.nlargest(
+                    self.options.top_k, (e.score.value for e in self.kept.values())
+                )
+                self.kth_value = values[-1]
 
     def _report(self) -> None:
         now = time.perf_counter()
@@ -380,7 +467,7 @@ class _Search:
         }
         while self.queue:
             negative, _, kind, payload = heapq.heappop(self.queue)
-            if -negative <= self._cutoff():
+            if self._done(-negative):
                 break
             expand[kind](*payload)
         ranked = sorted(self.kept.values(), key=lambda e: -e.score.value)

@@ -26,6 +26,12 @@ class Resource:
     max_node_gpus: int
     has_spot: bool
     preemption_rate_per_hour: float | None  # from the market, per spot VM-hour
+    spot_usd_per_gpu_hour: float | None = None  # the cheapest offer's, to order places by price
+    on_demand_usd_per_gpu_hour: float | None = None
+
+    def usd_per_gpu_hour(self, spot: bool) -> float:
+        price = self.spot_usd_per_gpu_hour if spot else self.on_demand_usd_per_gpu_hour
+        return float("inf") if price is None else price
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,8 @@ def _resources(offers, max_gpus: int | None, catalog: Catalog) -> tuple[Resource
                 max_node_gpus=max(o.gpus_per_node for o in here),
                 has_spot=any(o.spot_usd_per_hour is not None for o in here),
                 preemption_rate_per_hour=max(rates) if rates else None,
+                spot_usd_per_gpu_hour=_cheapest(here, spot=True),
+                on_demand_usd_per_gpu_hour=_cheapest(here, spot=False),
             )
         )
     if not resources:
@@ -147,3 +155,12 @@ def _resources(offers, max_gpus: int | None, catalog: Catalog) -> tuple[Resource
             fix="wait for capacity, or allow other locations",
         )
     return tuple(resources)
+
+
+def _cheapest(offers, *, spot: bool) -> float | None:
+    prices = [
+        o.price_usd_per_hour(spot=spot) / o.gpus_per_node
+        for o in offers
+        if o.price_usd_per_hour(spot=spot) is not None
+    ]
+    return min(prices) if prices else None

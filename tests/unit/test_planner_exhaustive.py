@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator.catalog import OFFER_COLUMNS, default_catalog
 from orchestrator.planner import SearchOptions, prepare
-from orchestrator.planner.exhaustive import best, enumerate_all
+from orchestrator.planner.exhaustive import best, binding_objectives, enumerate_all
 from orchestrator.planner.search import search
 from orchestrator.recipe import parse_recipe
 
@@ -59,17 +59,7 @@ def recipe(folder, objective: str, stages: int):
 
 def objectives(fastest) -> dict[str, str]:
     """The objectives, with limits taken from the market's fastest plan so that they bind."""
-    throughput, spend = fastest.score.samples_per_s, fastest.score.spend_usd_per_hour
-    deadline_h = 100 * 8 / (0.4 * throughput) / 3600
-    return {
-        "max_throughput": "{goal: max_throughput}",
-        "min_cost": "{goal: min_cost}",
-        "max_throughput_under_budget": f"{{goal: max_throughput, budget_usd_per_hour: {0.6 * spend:.6g}}}",
-        "min_cost_over_floor": f"{{goal: min_cost, min_throughput_samples_per_s: {0.5 * throughput:.6g}}}",
-        "min_cost_by_deadline": f"{{goal: min_cost, deadline_h: {deadline_h:.6g}}}",
-        "max_throughput_risk_aware": "{goal: max_throughput, risk_aware: true}",
-        "min_cost_risk_aware": "{goal: min_cost, risk_aware: true}",
-    }
+    return binding_objectives(fastest, steps=100, global_batch_size=8)
 
 
 def compare(folder, stages: int) -> list[tuple[str, float]]:

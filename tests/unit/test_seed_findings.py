@@ -9,18 +9,13 @@ would win; BENCHMARKS.md discusses this."""
 
 from __future__ import annotations
 
-import re
-import shutil
-
 import pytest
 
-from orchestrator.catalog import Catalog
-from orchestrator.catalog.catalog import PACKAGED_CONFIGS_DIR
 from orchestrator.plan import Plan, Replica
 from orchestrator.profiles import sailor_profile
 from orchestrator.simulator import latency_aware_plan_warmup, simulate, views_for
 
-from .fakes import FakeNetwork, FakePrices, settings, uniform_profile
+from .fakes import FakeNetwork, FakePrices, seeds_catalog, settings, uniform_profile
 
 US_A, US_B = "gcp/us-central1/us-central1-a", "gcp/us-central1/us-central1-b"
 US_WEST = "gcp/us-west1/us-west1-b"
@@ -30,13 +25,7 @@ EU = "gcp/europe-west4/europe-west4-a"
 @pytest.fixture(scope="module")
 def seeds_world(tmp_path_factory):
     """Catalog with the seeds' relation defaults only, SAILOR's OPT-350M profile, GCP market."""
-    configs = tmp_path_factory.mktemp("seeds") / "configs"
-    shutil.copytree(PACKAGED_CONFIGS_DIR, configs)
-    index = configs / "network" / "index.yaml"
-    text = index.read_text()
-    index.write_text(re.sub(r"\nmeasured:\n(.|\n)*", "\nmeasured: []\n", text))
-    catalog = Catalog(configs)
-    assert not catalog.network.zone_pairs and not catalog.network.region_pairs
+    catalog = seeds_catalog(tmp_path_factory.mktemp("seeds"))
 
     profile = sailor_profile("opt-350m", ["A100"], catalog)
     network, prices, sim_settings = views_for(catalog, catalog.market("gcp"))
