@@ -114,19 +114,19 @@ def main() -> None:
     parser.add_argument("--stages", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    table: dict[str, list[tuple[float, float, float, float]]] = {}
+    table: dict[str, list[tuple[float, float, float, float, int]]] = {}
     for seed in range(args.seed, args.seed + args.markets):
         with tempfile.TemporaryDirectory() as tmp:
             write_market(random.Random(seed), Path(tmp))
             for name, row in losses(Path(tmp), args.stages).items():
-                table.setdefault(name, []).append(row)
+                table.setdefault(name, []).append((*row, seed))
     print(
         f"{args.markets} markets, up to {args.stages} stages; loss = how far the planner's best falls "
         "behind the exhaustive best"
     )
     print(
         f"{'objective':28s} {'markets':>7s} {'heuristics: mean':>17s} {'worst':>7s} {'within 1%':>9s}"
-        f" {'exact: worst':>12s} {'ms heur/exact':>14s}"
+        f" {'exact: worst':>12s} {'ms heur/exact':>14s}  worst market"
     )
     for name, rows in table.items():
         heuristic = [r[0] for r in rows]
@@ -138,7 +138,8 @@ def main() -> None:
         )
         print(
             f"{name:28s} {len(rows):7d} {statistics.mean(heuristic):17.2%} {max(heuristic):7.2%} "
-            f"{within:9.0%} {max(exact):12.2%} {ms[0]:6.1f}/{ms[1]:.1f}"
+            f"{within:9.0%} {max(exact):12.2%} {ms[0]:6.1f}/{ms[1]:.1f}  "
+            f"seed {max(rows)[4]}"
         )
 
 

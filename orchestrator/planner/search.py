@@ -12,7 +12,8 @@ Limits prune too: a $/h budget caps the degree (the GPUs alone cost that much), 
 or a total budget drops what cannot meet it even at the bound. A priority queue pops the best
 bound; when it cannot beat the best plan found (by more than ``optimality_gap``), the first plan is
 proven the best of the space. The search goes on, in bound order, only until it has ``top_k``
-(shape, degree) pairs: the others listed are good alternatives, not proven second to fifth. Only
+plans of distinct (config, degree) pairs, the best split and placement of each: the others listed
+are good alternatives, not proven second to fifth. Only
 (shape, degree) pairs reach the simulator, once per placement, sync algorithm, compression and
 pricing; every simulated plan is kept as a point of the cost/throughput frontier.
 
@@ -82,7 +83,7 @@ class _Search:
         self.objective = evaluator.objective
         self.best_value = float("-inf")  # the best feasible plan's value so far
         self.kth_value = float("-inf")  # the k-th best (shape, D)'s, once there are k
-        self.kept: dict[tuple, Evaluated] = {}  # (shape, D) -> its best feasible variant
+        self.kept: dict[tuple, Evaluated] = {}  # (config, D) -> its best feasible plan
         self.queue: list[tuple[float, int, str, tuple]] = []
         self.counter = itertools.count()
         self.result = SearchResult(plans=[])
@@ -286,22 +287,33 @@ class _Search:
         """The least time from the first stage's last backward to the end of its step: the
         all-reduce its last backward cannot hide, then its optimizer step, over every number of
         layers it may hold (at least layer 0, at most all but one per other stage)."""
-        key = (mbs, first, dp, stages)
-        tail = self._tails.get(key)
-        if tail is None:
-            gpu, tp = first
-            profile, tail = self.e.profile, float("inf")
-            layers = self.space.num_layers
-            for end in range(1 if stages > 1 else layers, layers - stages + 2):
-                try:
-                    _, backward, update = profile.stage_times(gpu, mbs, tp, 0, end)
-                except UserError:  # no times at this TP degree: no bound from this stage
-                    tail = 0.0
-                    break
-                message = profile.stage_gradient_elements(0, end, tp) * profile.element_bytes
-                tail = min(tail, self.e.exposed_sync(message, dp, gpu, tp, backward) + update)
-            self._tails[key] = tail
-        return tail
+        key = (mbs, first, dp)
+        tails = self._tails.get(key)
+        if tails is None:
+            tails = self._tails[key] = self._tails_by_end(mbs, first, dp)
+        # tails[k]: the least over holding 1..k layers; one stage holds all of them
+        layers = self.space.num_layers
+        if stages == 1:
+            return tails[0]
+        return tails[layers - stages + 1]
+
+    def _tails_by_end(self, mbs: int, first: tuple[str, int], dp: int) -> list[float]:
+        """[the tail holding every layer, then for k = 1..L the least tail holding 1..k]."""
+        gpu, tp = first
+        profile, layers = self.e.profile, self.space.num_layers
+        exact, least = [], float("inf")
+        for end in range(1, layers + 1):
+            try:
+                _, backward, update = profile.stage_times(gpu, mbs, tp, 0, end)
+            except UserError:  # no times at this TP degree: no bound from this stage
+                return [0.0] * (layers + 1)
+            message = profile.stage_gradient_elements(0, end, tp) * profile.element_bytes
+            exact.append(self.e.exposed_sync(message, dp, gpu, tp, backward) + update)
+        out = [exact[-1]]
+        for value in exact:
+            least = min(least, value)
+            out.append(least)
+        return out
 
     def _over_budget(self, usd_per_hour: float) -> None:
         r = self.result
@@ -415,7 +427,7 @@ class _Search:
                     )
                     for compression in compressions:
                         plan = self.e.build(shape, columns, allreduce, compression, spot)
-                        self._record((shape, dp), self.e.evaluate(plan))
+                        self._record((shape.mbs, shape.gpus, shape.tps, dp), self.e.evaluate(plan))
         self._report()
 
     def _spans_regions(self, columns) -> bool:
