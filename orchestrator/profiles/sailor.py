@@ -24,7 +24,7 @@ from pathlib import Path
 from orchestrator.catalog import Catalog
 from orchestrator.errors import UserError
 from orchestrator.profiles.profile import GpuProfile, LayerTable, ModelProfile, TimeTable
-from runtime.models.specs import GptSpec
+from runtime.models.specs import GptSpec, ModelSpec
 
 ORIGIN = "SAILOR (eth-easl/sailor cf2c8e3) profiles/{model}/{gpu}/profile.json"
 UpdateEstimate = Callable[[str, float], float]  # (gpu, parameters) -> seconds
@@ -34,10 +34,12 @@ def sailor_dir(catalog: Catalog) -> Path:
     return catalog.configs_dir / "profiles" / "sailor"
 
 
-def sailor_gpus(spec: GptSpec, catalog: Catalog) -> dict[str, str]:
-    """Catalog GPU name -> SAILOR's folder name, for the GPUs SAILOR profiled this model on."""
-    folder = sailor_dir(catalog) / (spec.sailor_name or "")
-    if not spec.sailor_name or not folder.is_dir():
+def sailor_gpus(spec: ModelSpec, catalog: Catalog) -> dict[str, str]:
+    """Catalog GPU name -> SAILOR's folder name, for the GPUs SAILOR profiled this model on (none
+    for models SAILOR did not profile, CNNs among them)."""
+    name = getattr(spec, "sailor_name", None)
+    folder = sailor_dir(catalog) / (name or "")
+    if not name or not folder.is_dir():
         return {}
     found = {}
     for child in sorted(folder.iterdir()):

@@ -162,3 +162,13 @@ def test_bad_arguments_exit_2(args, words):
     assert result.returncode == 2
     assert words in result.stderr and "To fix" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "recipe", sorted((REPO / "recipes").glob("*.yaml")), ids=lambda path: path.stem
+)
+def test_every_shipped_recipe_plans(recipe, capsys):
+    """Each recipe that ships finds a plan (GPT and CNN models, SAILOR and analytic profiles)."""
+    assert main(["plan", str(recipe), "--top", "2", "--json"]) == 0, capsys.readouterr().err
+    plans = json.loads(capsys.readouterr().out)["plans"]
+    assert plans and plans[0]["samples_per_s"] > 0
