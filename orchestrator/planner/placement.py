@@ -120,10 +120,15 @@ def _menu(options, gpus, tps, dp, capacity, max_gpus, spot: bool) -> Iterator[Co
     orders = _orders(options)
     regions = [order[0] for order in orders]
     stages = len(options)
+
     # inside a region, the places that can give the most first (fewer zones to span), then the
     # cheapest first (for cost objectives, and where prices differ between zones)
-    by_size = lambda r: (-r.capacity, r.usd_per_gpu_hour(spot), r.infra)  # noqa: E731
-    by_price = lambda r: (r.usd_per_gpu_hour(spot), -r.capacity, r.infra)  # noqa: E731
+    def by_size(r: Resource) -> tuple:
+        return (-r.capacity, r.usd_per_gpu_hour(spot), r.infra)
+
+    def by_price(r: Resource) -> tuple:
+        return (r.usd_per_gpu_hour(spot), -r.capacity, r.infra)
+
     found = False
     for key in (by_size, by_price):
         for per_stage in _patterns([(region,) for region in regions], stages):
