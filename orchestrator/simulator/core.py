@@ -49,10 +49,10 @@ def simulate(
 ) -> Estimate:
     """Predict ``plan`` for the model of ``profile``; raise UserError if the plan cannot run."""
     mbs, element = plan.microbatch_size, profile.element_bytes
-    stage_times = profile.stage_times
-    # per stage, per kind of replica: (forward, backward, update) seconds for one microbatch
+    # per stage, per kind of replica: (forward, backward, update) seconds for one microbatch and the
+    # bytes of the activation it sends on
     compute = [
-        [stage_times(r.gpu, mbs, r.tp, *stage.layers) for r, _ in kinds]
+        [_stage_entry(profile, r.gpu, mbs, r.tp, *stage.layers) for r, _ in kinds]
         for stage, kinds in zip(plan.stages, plan.stage_kinds, strict=True)
     ]
     egress: dict[tuple[str, str], float] = defaultdict(float)  # bytes per iteration
@@ -63,6 +63,9 @@ def simulate(
     rows = []  # per stage: forward, backward, update, send, sync, exposed sync, finish
     last = plan.num_stages - 1
     overlap, bucket = settings.overlap_grad_sync, settings.bucket_bytes
+    # Erben et al.'s granularity terms: seconds computing and seconds communicating per iteration on
+    # the busiest GPU, counted without overlap (its stage's work; its all-reduce and its transfers)
+    most, busy_s, talk_s, received = max(plan.microbatches()), 0.0, 0.0, 0.0
     for s, stage in enumerate(plan.stages):
         times = compute[s]
         gradient = profile.stage_gradient_elements(*stage.layers, stage.replicas[0].tp) * element
@@ -84,9 +87,28 @@ def simulate(
             if s < last and sends[s] > send:
                 send = sends[s]
         rows.append((forward, backward, update, send, sync, exposed, ready + exposed + update))
+        work = most * (forward + backward) + update
+        busy_s = work if work > busy_s else busy_s
+        talk = sync + most * (received + send)
+        talk_s, received = (talk if talk > talk_s else talk_s), send
     iteration = max(row[6] for row in rows)
     slowest = max((p for p, _ in pipelines), key=lambda p: p.makespan_s)
-    return _estimate(profile, plan, prices, settings, rows, slowest, iteration, egress)
+    return _estimate(
+        profile, plan, prices, settings, rows, slowest, iteration, egress, (busy_s, talk_s)
+    )
+
+
+def _stage_entry(
+    profile: ModelProfile, gpu: str, mbs: int, tp: int, start: int, end: int
+) -> tuple[float, float, float, float]:
+    """(forward s, backward s, update s, bytes sent to the next stage) of one microbatch of layers
+    [start, end) on ``gpu`` at TP degree ``tp``: one lookup in the planner's inner loop."""
+    key = ("entry", gpu, mbs, tp, start, end)
+    entry = profile._cache.get(key)
+    if entry is None:
+        sent = profile.stage_facts(tp, start, end)[3] * mbs * profile.element_bytes
+        entry = profile._cache[key] = (*profile.stage_times(gpu, mbs, tp, start, end), sent)
+    return entry
 
 
 def _pipeline(
@@ -117,27 +139,24 @@ def _pipeline_inputs(
     """Per stage forward and backward seconds; per link latency and channel occupancy each way."""
     stages, kind_of = plan.stages, plan.kind_of
     f, b, latency, fwd, bwd = [], [], [], [], []
-    m = plan.microbatches()[i]
-    scale = plan.microbatch_size * profile.element_bytes
-    streams, link = plan.streams, network.link
-    previous = None
+    moved = plan.microbatches()[i] * count  # microbatches crossing each link, all such pipelines
+    streams, hop = plan.streams, network.hop
+    previous = size = None
     for s, stage in enumerate(stages):
         replica = stage.replicas[i]
-        forward, backward, _ = compute[s][kind_of[s][i]]
-        f.append(forward)
-        b.append(backward)
+        times = compute[s][kind_of[s][i]]
+        f.append(times[0])
+        b.append(times[1])
         if previous is not None:
             src, dst = previous.infra, replica.infra
-            size = profile.stage_facts(previous.tp, *stages[s - 1].layers)[3] * scale
-            lat_f, bw_f = link(src, dst, streams)
-            lat_b, bw_b = link(dst, src, streams)
-            latency.append(lat_f if lat_f > lat_b else lat_b)
-            fwd.append(size / bw_f)
-            bwd.append(size / bw_b)
+            lat, per_byte_f, per_byte_b = hop(src, dst, streams)
+            latency.append(lat)
+            fwd.append(size * per_byte_f)
+            bwd.append(size * per_byte_b)
             if src != dst and egress is not None:
-                egress[(src, dst)] += size * m * count
-                egress[(dst, src)] += size * m * count
-        previous = replica
+                egress[(src, dst)] += size * moved
+                egress[(dst, src)] += size * moved
+        previous, size = replica, times[3]
     return f, b, latency, fwd, bwd
 
 
@@ -148,7 +167,7 @@ def latency_aware_plan_warmup(
     round trips of its links (the largest any pipeline needs, stage by stage)."""
     mbs = plan.microbatch_size
     compute = [
-        [profile.stage_times(r.gpu, mbs, r.tp, *stage.layers) for r, _ in kinds]
+        [_stage_entry(profile, r.gpu, mbs, r.tp, *stage.layers) for r, _ in kinds]
         for stage, kinds in zip(plan.stages, plan.stage_kinds, strict=True)
     ]
     warmup = list(plan.warmup)
@@ -213,34 +232,20 @@ def _estimate(
     slowest: PipelineTime,
     iteration: float,
     egress: dict,
+    granularity_terms: tuple[float, float],
 ) -> Estimate:
     micro = plan.microbatches()
-    distinct_micro = set(micro)
-    memory: dict[tuple, tuple] = {}  # per distinct (stage, TP degree, microbatches)
-    oom, peak = False, 0.0
-    capacity = settings.gpu_memory_bytes
-    for s, kinds in enumerate(plan.stage_kinds):
-        for replica, _ in kinds:
-            for m in distinct_micro:
-                key = (s, replica.gpu, replica.tp, m)
-                terms = memory.get(key)
-                if terms is None:
-                    terms = memory[key] = memory_terms(
-                        profile, plan, s, replica.gpu, replica.tp, m, settings
-                    )
-                total = terms[0] + terms[1] + terms[2] + terms[3] + terms[4] + terms[5]
-                peak = total if total > peak else peak
-                oom = oom or total > capacity[replica.gpu]
+    peak, oom, gpus = _peak_memory(profile, plan, settings)
     per_hour = prices.hourly_usd(plan.stage_kinds)
     price = prices.egress_usd_per_byte
     egress_usd = sum(size * price(src, dst) for (src, dst), size in egress.items())
-    compute_s, comm_s = _granularity_terms(max(micro), rows)
+    compute_s, comm_s = granularity_terms
     granularity = compute_s / comm_s if comm_s > 0 else float("inf")
-    used, weakest, by_gpu = _sources_used(profile, plan)
+    used, weakest, by_gpu = _sources_used(profile, gpus)
     samples_per_s = plan.global_batch_size / iteration
 
     def breakdown() -> Breakdown:
-        return _breakdown(profile, plan, prices, settings, rows, memory, egress, used)
+        return _breakdown(profile, plan, prices, settings, rows, egress, used)
 
     return Estimate(
         iteration_time_s=iteration,
@@ -267,12 +272,45 @@ def _estimate(
     )
 
 
+def _peak_memory(
+    profile: ModelProfile, plan: Plan, settings: SimulatorSettings
+) -> tuple[float, bool, frozenset]:
+    """The largest per-GPU memory of any replica, whether any replica runs out, and the plan's GPU
+    types. Totals are kept per settings object in the profile's cache: across the planner's plans
+    the same (layers, GPU, TP, microbatch size, microbatches in flight, sync scheme) recur."""
+    entry = profile._cache.get(("memory", id(settings)))
+    if entry is None or entry[0] is not settings:  # holding ``settings`` keeps its id unique
+        entry = profile._cache[("memory", id(settings))] = (settings, {})
+    table = entry[1]
+    capacity = settings.gpu_memory_bytes
+    mbs, warmup = plan.microbatch_size, plan.warmup
+    scheme = (plan.allreduce, plan.compression) if plan.dp_degree > 1 else None
+    distinct_micro = set(plan.microbatches())
+    oom, peak, gpus = False, 0.0, set()
+    for s, (stage, kinds) in enumerate(zip(plan.stages, plan.stage_kinds, strict=True)):
+        start, end = stage.layers
+        # microbatches in flight: the warm-up plus one, unless a pipeline has fewer microbatches
+        flights = {min(warmup[s] + 1, m): m for m in distinct_micro}
+        for replica, _ in kinds:
+            gpu, tp = replica.gpu, replica.tp
+            gpus.add(gpu)
+            for in_flight, m in flights.items():
+                key = (start, end, gpu, tp, mbs, in_flight, scheme)
+                total = table.get(key)
+                if total is None:
+                    total = table[key] = sum(memory_terms(profile, plan, s, gpu, tp, m, settings))
+                if total > peak:
+                    peak = total
+                if total > capacity[gpu]:
+                    oom = True
+    return peak, oom, frozenset(gpus)
+
+
 def _sources_used(
-    profile: ModelProfile, plan: Plan
+    profile: ModelProfile, gpus: frozenset
 ) -> tuple[list[str], str, tuple[tuple[str, str], ...]]:
     """The plan's GPUs, the weakest profile source among them, and each one's source (cached per
     set of GPUs: the planner asks for the same few sets again and again)."""
-    gpus = frozenset(r.gpu for kinds in plan.stage_kinds for r, _ in kinds)
     key = ("sources", gpus)
     cached = profile._cache.get(key)
     if cached is None:
@@ -283,23 +321,12 @@ def _sources_used(
     return cached
 
 
-def _granularity_terms(m: int, rows: list[tuple]) -> tuple[float, float]:
-    """Erben et al.'s granularity terms: seconds computing and seconds communicating per iteration on
-    the busiest GPU, counted without overlap (its stage's work; its all-reduce and its transfers)."""
-    compute, comm = 0.0, 0.0
-    for s, (forward, backward, update, send, sync, _, _) in enumerate(rows):
-        compute = max(compute, m * (forward + backward) + update)
-        comm = max(comm, sync + m * ((rows[s - 1][3] if s else 0.0) + send))
-    return compute, comm
-
-
 def _breakdown(
     profile: ModelProfile,
     plan: Plan,
     prices: PriceView,
     settings: SimulatorSettings,
     rows: list[tuple],
-    memory: dict,
     egress: dict,
     used: list[str],
 ) -> Breakdown:
@@ -325,7 +352,7 @@ def _breakdown(
             gpu=r.gpu,
             infra=r.infra,
             tp=r.tp,
-            parts=MemoryParts(*memory[(s, r.gpu, r.tp, micro[i])]),
+            parts=MemoryParts(*memory_terms(profile, plan, s, r.gpu, r.tp, micro[i], settings)),
             capacity_bytes=settings.capacity_bytes(r.gpu),
         )
         for s, stage in enumerate(plan.stages)

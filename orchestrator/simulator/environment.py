@@ -21,6 +21,7 @@ class NetworkView:
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
         self._links: dict[tuple[str, str, int], tuple[float, float]] = {}
+        self._hops: dict[tuple[str, str, int], tuple[float, float, float]] = {}
         self._places: dict[str, Location] = {}
         # collective costs by (places, bytes, algorithm, compression, element size, streams): the
         # planner evaluates the same data-parallel groups again and again
@@ -41,6 +42,17 @@ class NetworkView:
     def region_of(self, infra: str) -> str:
         place = self.place(infra)
         return f"{place.cloud}/{place.region}"
+
+    def hop(self, src: str, dst: str, streams: int) -> tuple[float, float, float]:
+        """What a pipeline transfer between ``src`` and ``dst`` sees: (one-way latency s, the larger
+        of the two directions; seconds per byte from ``src`` to ``dst``; and back)."""
+        key = (src, dst, streams)
+        cached = self._hops.get(key)
+        if cached is None:
+            lat_f, bw_f = self.link(src, dst, streams)
+            lat_b, bw_b = self.link(dst, src, streams)
+            cached = self._hops[key] = (max(lat_f, lat_b), 1.0 / bw_f, 1.0 / bw_b)
+        return cached
 
     def link(self, src: str, dst: str, streams: int) -> tuple[float, float]:
         """(one-way latency s, bandwidth bytes/s) from ``src`` to ``dst`` with ``streams`` streams."""

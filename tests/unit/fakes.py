@@ -62,6 +62,10 @@ class FakeNetwork:
     def link(self, src: str, dst: str, streams: int) -> tuple[float, float]:
         return self.links.get((src, dst)) or self.links.get((dst, src)) or self.default
 
+    def hop(self, src: str, dst: str, streams: int) -> tuple[float, float, float]:
+        (lat_f, bw_f), (lat_b, bw_b) = self.link(src, dst, streams), self.link(dst, src, streams)
+        return max(lat_f, lat_b), 1.0 / bw_f, 1.0 / bw_b
+
     def region_of(self, infra: str) -> str:
         return "/".join(infra.split("/")[:2])
 
