@@ -1,0 +1,257 @@
+"""The cloud contract: what every provisioner takes, returns and raises.
+
+A provisioner lists offers (a market snapshot), launches a gang of nodes all-or-nothing, reports node
+states, terminates nodes, and streams events (node ready, preemption notice, node lost). Every
+adapter implements the whole contract or declares, as data in ``unsupported``, what it cannot do and
+why; callers check ``supports`` instead of branching on the cloud's name.
+
+Errors are typed so that a caller can act: ``CapacityError`` and ``QuotaError`` mean "try the next
+location", ``CredentialsMissing`` names the credential and where the SDK looks for it. Messages never
+carry secrets (``scrub``).
+"""
+
+from __future__ import annotations
+
+import abc
+import enum
+import os
+import re
+import time
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+
+
+class Feature(enum.Enum):
+    """What an adapter may be unable to do (declared in ``Provisioner.unsupported``)."""
+
+    LIST_OFFERS = "list offers"
+    AVAILABLE_COUNT = "available node count per offer"
+    AVAILABILITY_SCORE = "availability score per offer"
+    PREEMPTION_RATE = "preemption rate per offer"
+    SPOT = "spot nodes"
+    ON_DEMAND = "on-demand nodes"
+    ZONE_PLACEMENT = "choosing the zone of a node"
+    PREEMPTION_NOTICE = "preemption notice before a node dies"
+    LAUNCH = "launching nodes"
+
+
+class NodeState(enum.Enum):
+    PENDING = "pending"  # asked for, not yet usable
+    RUNNING = "running"
+    PREEMPTING = "preempting"  # a preemption notice arrived; the node dies at its deadline
+    TERMINATED = "terminated"  # we asked for it to go
+    LOST = "lost"  # preempted or failed without our asking
+
+
+# ---- errors ---------------------------------------------------------------------------------------
+
+
+class ProvisionerError(Exception):
+    """A provisioner call failed: which cloud, which call, what happened and what to do."""
+
+    def __init__(self, message: str, *, cloud: str, call: str, fix: str) -> None:
+        self.cloud, self.call = cloud, call
+        self.message, self.fix = scrub(message), scrub(fix)
+        super().__init__(f"{cloud} {call}: {self.message}\n  To fix: {self.fix}")
+
+
+class CapacityError(ProvisionerError):
+    """The location has no capacity for the request now: try another location or later."""
+
+
+class QuotaError(ProvisionerError):
+    """The account's quota forbids the request: raise the quota or go elsewhere."""
+
+
+class CredentialsMissing(ProvisionerError):
+    """The SDK's standard credential chain found nothing; names what it looked for."""
+
+
+class SdkMissing(ProvisionerError):
+    """The cloud's SDK is not installed (the adapter imports it only when used)."""
+
+
+class Unsupported(ProvisionerError):
+    """The adapter declared that it cannot do this (``Provisioner.unsupported``)."""
+
+
+class CloudCallError(ProvisionerError):
+    """Any other failure of a cloud API call."""
+
+
+# Environment variables whose values are secrets in any of the SDKs' chains.
+SECRET_ENV = (
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_ACCESS_KEY_ID",
+    "AZURE_CLIENT_SECRET",
+    "AZURE_CLIENT_CERTIFICATE_PASSWORD",
+    "GOOGLE_OAUTH_ACCESS_TOKEN",
+)
+_SECRET_PATTERNS = (
+    re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+"),
+    re.compile(r"(?i)((?:secret|token|password|signature|credential)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;&]+"),
+    re.compile(r"\b(A[SK]IA)[A-Z0-9]{12,}\b"),
+)
+
+
+def scrub(text: str) -> str:
+    """``text`` with secrets replaced by ``***``: values of the SDKs' secret environment variables,
+    bearer tokens, ``secret=...``-style pairs and AWS access key ids."""
+    for name in SECRET_ENV:
+        value = os.environ.get(name)
+        if value and len(value) >= 4:
+            text = text.replace(value, "***")
+    for pattern in _SECRET_PATTERNS:
+        text = pattern.sub(lambda m: m.group(1) + "***", text)
+    return text
+
+
+# ---- data in and out ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Offer:
+    """A VM type with GPUs in one place, as the cloud reports it now. Prices are per node-hour."""
+
+    cloud: str
+    region: str
+    zone: str | None
+    instance_type: str
+    gpu: str  # SkyPilot's accelerator name: A100, A100-80GB, V100, T4, L4, A10G, H100, ...
+    gpus_per_node: int
+    vcpus: float
+    memory_gib: float
+    on_demand_usd_per_hour: float | None
+    spot_usd_per_hour: float | None
+    available_count: int | None = None  # nodes the cloud says it can give now, where it tells
+    availability_score: float | None = None  # 0..1, e.g. AWS spot placement score / 10
+    preemption_rate_per_hour: float | None = None  # where the cloud (or a trace) tells
+    observed_at_s: float  # Unix time the price or capacity was observed
+    source: str  # the call or file it came from
+
+    @property
+    def infra(self) -> str:
+        return "/".join(p for p in (self.cloud, self.region, self.zone) if p)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LaunchRequest:
+    """``count`` nodes of one type in one place, all or none."""
+
+    gang: str  # a name for the group; node names derive from it
+    infra: str  # cloud/region[/zone]; without a zone the adapter picks one
+    instance_type: str
+    gpu: str
+    count: int
+    spot: bool = True
+    labels: tuple[tuple[str, str], ...] = ()  # extra key/value labels to put on every node
+    timeout_s: float = 600.0  # how long to wait for every node to run before giving up
+
+    def __post_init__(self) -> None:
+        assert self.count >= 1, "a gang has at least one node"
+        assert self.infra.count("/") >= 1, "infra names a cloud and a region"
+
+    @property
+    def cloud(self) -> str:
+        return self.infra.split("/")[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Node:
+    """One VM as the provisioner last saw it."""
+
+    node_id: str  # the cloud's id (instance id, VM name; the Ray node id on the local cloud)
+    gang: str
+    infra: str  # cloud/region/zone where it really landed
+    instance_type: str
+    gpu: str
+    gpus: int
+    spot: bool
+    state: NodeState
+    address: str | None = None  # IP address, or the Ray node id on the local cloud
+    launched_at_s: float = 0.0
+    labels: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeReady:
+    node: Node
+    at_s: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreemptionNotice:
+    """The cloud will take ``node_id`` back at ``deadline_s`` (Unix time)."""
+
+    node_id: str
+    infra: str
+    deadline_s: float
+    at_s: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeLost:
+    """``node_id`` is gone: ``reason`` is ``preempted``, ``failed`` or ``terminated``."""
+
+    node_id: str
+    infra: str
+    reason: str
+    at_s: float = field(default_factory=time.time)
+
+
+Event = NodeReady | PreemptionNotice | NodeLost
+
+
+# ---- the contract ---------------------------------------------------------------------------------
+
+
+class Provisioner(abc.ABC):
+    """One cloud (or the local simulated cloud) behind the contract."""
+
+    cloud: str = ""
+    # what this adapter cannot do, and why (shown to users; checked by ``require``)
+    unsupported: Mapping[Feature, str] = {}
+
+    def supports(self, feature: Feature) -> bool:
+        return feature not in self.unsupported
+
+    def require(self, feature: Feature, *, call: str) -> None:
+        reason = self.unsupported.get(feature)
+        if reason is not None:
+            raise Unsupported(
+                f"{feature.value} is not supported: {reason}",
+                cloud=self.cloud,
+                call=call,
+                fix="choose another provider for this, or do without it",
+            )
+
+    @abc.abstractmethod
+    def check_credentials(self) -> None:
+        """Raise ``CredentialsMissing`` naming what the SDK's standard chain lacks."""
+
+    @abc.abstractmethod
+    def offers(
+        self, *, gpus: Collection[str] | None = None, regions: Collection[str] | None = None
+    ) -> list[Offer]:
+        """The market now: every GPU offer (optionally only these GPUs / regions)."""
+
+    @abc.abstractmethod
+    def launch(self, request: LaunchRequest) -> list[Node]:
+        """Start ``request.count`` nodes and wait until all run; if any cannot start, terminate
+        those that did and raise (``CapacityError``, ``QuotaError``, ``CloudCallError``)."""
+
+    @abc.abstractmethod
+    def nodes(self, *, gang: str | None = None) -> list[Node]:
+        """Every node this provisioner launched and still knows of, with its current state."""
+
+    @abc.abstractmethod
+    def terminate(self, node_ids: Sequence[str]) -> None:
+        """Release these nodes (unknown or already gone ids are ignored)."""
+
+    @abc.abstractmethod
+    def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
+        """Events since the last call; waits up to ``timeout_s`` for the first one."""
+
+    def close(self) -> None:
+        """Stop background work; nodes stay as they are unless the adapter owns them."""
