@@ -90,7 +90,9 @@ SECRET_ENV = (
 )
 _SECRET_PATTERNS = (
     re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+"),
-    re.compile(r"(?i)((?:secret|token|password|signature|credential)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;&]+"),
+    re.compile(
+        r"(?i)((?:secret|token|password|signature|credential)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;&]+"
+    ),
     re.compile(r"\b(A[SK]IA)[A-Z0-9]{12,}\b"),
 )
 
@@ -253,5 +255,5 @@ class Provisioner(abc.ABC):
     def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
         """Events since the last call; waits up to ``timeout_s`` for the first one."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 (optional hook: most adapters hold nothing to stop)
         """Stop background work; nodes stay as they are unless the adapter owns them."""
