@@ -176,5 +176,5 @@ def _read_offer(row: Row, regions: Regions, gpus: GpuTable) -> Offer:
             "preemption_rate_per_hour", required=False, strictly_positive=False
         ),
         source=row.text("source"),
-        as_of=row.date("as_of"),
+        as_of=row.date_or_time("as_of"),
     )

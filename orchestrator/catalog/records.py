@@ -258,6 +258,25 @@ class Row:
             )
         return text
 
+    def date_or_time(self, column: str) -> str:
+        """A date (YYYY-MM-DD) or a UTC time (YYYY-MM-DDTHH:MM:SSZ, as live snapshots write)."""
+        text = self.text(column)
+        if not (_is_date(text) or _is_utc_time(text)):
+            self.fail(
+                column,
+                f"expected YYYY-MM-DD or YYYY-MM-DDTHH:MM:SSZ, got {text!r}",
+                "write the date, or the UTC time the price was observed",
+            )
+        return text
+
+
+def _is_utc_time(text: str) -> bool:
+    try:
+        dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ")
+    except ValueError:
+        return False
+    return True
+
 
 def read_csv_rows(path: Path, display: str, columns: tuple[str, ...]) -> Iterator[Row]:
     """Yield the rows of a CSV whose header must be exactly ``columns``."""

@@ -63,10 +63,13 @@ def _add_offers(tables: argparse._SubParsersAction, formatter: type) -> None:
         help="GPU VM offers with on-demand and spot prices",
         formatter_class=formatter,
         description="Offers of the offline price snapshot (configs/prices/offers.csv), "
-        "of a provider's default market, or of a market file.",
+        "of a provider's market polled now, or of a market file. Prices older than 6 h are "
+        "flagged with their age.",
         epilog="examples:\n  python -m orchestrator catalog offers --gpu A100 --json\n"
         "  python -m orchestrator catalog offers --gpu T4 --location gcp --pricing spot\n"
-        "  python -m orchestrator catalog offers --provider local",
+        "  python -m orchestrator catalog offers --provider local\n"
+        "  python -m orchestrator catalog offers --live --save market.csv\n"
+        "  python -m orchestrator plan recipe.yaml --market market.csv",
     )
     p.add_argument("--gpu", action="append", default=[], help="GPU type (repeatable)")
     p.add_argument(
@@ -87,7 +90,16 @@ def _add_offers(tables: argparse._SubParsersAction, formatter: type) -> None:
     p.add_argument(
         "--provider",
         choices=tuple(PROVIDER_CLOUDS),
-        help="a provider's default market (default: the snapshot of aws, gcp and azure)",
+        help="poll this provider's market now (local: the simulated spot market; a cloud: its "
+        "APIs, with the credentials of its SDK's standard chain)",
+    )
+    p.add_argument(
+        "--live",
+        action="store_true",
+        help="poll every cloud (aws, gcp, azure) that has credentials; skip the others with a warning",
+    )
+    p.add_argument(
+        "--save", type=Path, metavar="FILE", help="write the offers shown as a market CSV"
     )
     p.add_argument(
         "--market", type=Path, help="a market CSV with the columns of configs/prices/offers.csv"

@@ -7,9 +7,12 @@ otherwise a table shows chosen columns of the same records, so both speak the sa
 from __future__ import annotations
 
 import argparse
+import sys
+import time
 from collections.abc import Sequence
 
 from orchestrator.catalog import Catalog, GpuSpec, Location, Offer
+from orchestrator.catalog.offers import OfferTable
 from orchestrator.cli.output import format_table, print_json
 from orchestrator.errors import UserError
 from runtime.models.specs import BUILTIN_MODELS
@@ -97,11 +100,32 @@ def _gpu_record(spec: GpuSpec) -> dict:
     }
 
 
+def _offers_market(args: argparse.Namespace, catalog: Catalog) -> tuple[OfferTable, list[str]]:
+    """The table to show: a market file, a provider polled now, every cloud polled, or the
+    offline snapshot; and warnings about clouds skipped."""
+    if args.market:
+        return catalog.load_market(args.market), []
+    if args.provider or args.live:
+        from orchestrator.market import CLOUD_PROVIDERS, poll
+
+        names = [args.provider] if args.provider else list(CLOUD_PROVIDERS)
+        live = poll(catalog, names, strict=bool(args.provider))
+        if args.live and not live.table.offers:
+            raise UserError(
+                "no cloud could be polled: " + "; ".join(live.warnings),
+                field="--live",
+                fix="set up the credentials named above, or use --provider local",
+            )
+        return live.table, live.warnings
+    return catalog.offers, []
+
+
 def run_offers(args: argparse.Namespace, catalog: Catalog) -> int:
-    if args.provider:
-        market = catalog.market(args.provider, args.market)
-    else:
-        market = catalog.load_market(args.market) if args.market else catalog.offers
+    from orchestrator.market import STALE_AFTER_S, age_s, describe_age, write_snapshot
+
+    market, warnings = _offers_market(args, catalog)
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
     offers = market.query(
         gpus=[_gpu(catalog, name, "--gpu").name for name in args.gpu],
         within=[catalog.location(t) for t in args.location],
@@ -110,7 +134,21 @@ def run_offers(args: argparse.Namespace, catalog: Catalog) -> int:
     )
     offers.sort(key=_SORT_KEYS[args.sort])
     offers = offers[: args.limit] if args.limit > 0 else offers
-    records = [o.to_json() | {"usd_per_gpu_hour": _per_gpu(o)} for o in offers]
+    if args.save:
+        write_snapshot(offers, args.save)
+    now = time.time()
+    records = []
+    for o in offers:
+        age = age_s(o, now_s=now)
+        records.append(
+            o.to_json()
+            | {
+                "usd_per_gpu_hour": _per_gpu(o),
+                "age_s": round(age),
+                "age": describe_age(age) + (" STALE" if age > STALE_AFTER_S else ""),
+                "stale": age > STALE_AFTER_S,
+            }
+        )
     columns = (
         "infra",
         "instance_type",
@@ -121,16 +159,22 @@ def run_offers(args: argparse.Namespace, catalog: Catalog) -> int:
         "usd_per_gpu_hour",
         "available_count",
         "preemption_rate_per_hour",
-        "as_of",
+        "age",
     )
     sources = sorted({o.source for o in offers})
     footer = f"{len(offers)} offers from {market.file}; usd_per_gpu_hour is the spot price where there is one"
     if 0 < len(sources) <= 4:
         footer += "\nsources: " + "; ".join(sources)
+    stale = sum(r["stale"] for r in records)
+    if stale:
+        footer += f"\n{stale} offers carry prices older than {describe_age(STALE_AFTER_S)} (STALE)"
+    if args.save:
+        footer += f"\nwrote {len(offers)} offers to {args.save}"
     document = {
         "offers": records,
         "count": len(records),
         "market": market.file,
+        "warnings": warnings,
         "filters": {
             "gpu": args.gpu,
             "location": args.location,

@@ -152,7 +152,11 @@ def _offers_line_of(path: Path, fragment: str) -> int:
         ("gpu", lambda cells: cells.__setitem__(4, "A1000"), "did you mean 'A100'"),
         ("region", lambda cells: cells.__setitem__(1, "mars-central1"), "not a region of"),
         ("zone", lambda cells: cells.__setitem__(2, "elsewhere-a"), "is not in region"),
-        ("as_of", lambda cells: cells.__setitem__(13, "last week"), "expected a date"),
+        (
+            "as_of",
+            lambda cells: cells.__setitem__(13, "last week"),
+            "expected YYYY-MM-DD or YYYY-MM-DDTHH:MM:SSZ",
+        ),
         (
             "spot_usd_per_hour",
             lambda cells: cells.__setitem__(9, "999"),
