@@ -215,6 +215,12 @@ class Provisioner(abc.ABC):
     # what this adapter cannot do, and why (shown to users; checked by ``require``)
     unsupported: Mapping[Feature, str] = {}
 
+    @property
+    def clouds(self) -> tuple[str, ...]:
+        """The clouds whose offers this provisioner returns: a multi-cloud adapter (SkyPilot) names
+        several, and its offers carry the real cloud, not the adapter's name."""
+        return (self.cloud,)
+
     def supports(self, feature: Feature) -> bool:
         return feature not in self.unsupported
 

@@ -47,9 +47,7 @@ class Harness:
         self.said += [repr(v) for v in values] + [str(v) for v in values]
 
 
-def wait_for(
-    harness: Harness, predicate: Callable[[list[Event]], bool], what: str
-) -> list[Event]:
+def wait_for(harness: Harness, predicate: Callable[[list[Event]], bool], what: str) -> list[Event]:
     """Poll events until ``predicate`` holds for all seen so far; fail after the harness timeout."""
     seen: list[Event] = []
     deadline = time.monotonic() + harness.event_timeout_s
@@ -77,7 +75,7 @@ def check_offers(harness: Harness) -> None:
     assert offers and all(isinstance(o, Offer) for o in offers)
     now = time.time()
     for o in offers:
-        assert o.cloud == p.cloud and o.region and o.instance_type and o.gpu
+        assert o.cloud in p.clouds and o.region and o.instance_type and o.gpu
         assert o.gpus_per_node >= 1 and o.vcpus > 0 and o.memory_gib > 0
         for price in (o.on_demand_usd_per_hour, o.spot_usd_per_hour):
             assert price is None or price >= 0
@@ -105,8 +103,9 @@ def check_launch_gang(harness: Harness) -> list[Node]:
     assert set(listed) >= {n.node_id for n in nodes}
     ready = wait_for(
         harness,
-        lambda seen: {e.node.node_id for e in seen if isinstance(e, NodeReady)}
-        >= {n.node_id for n in nodes},
+        lambda seen: (
+            {e.node.node_id for e in seen if isinstance(e, NodeReady)} >= {n.node_id for n in nodes}
+        ),
         "NodeReady for every node",
     )
     assert ready
@@ -120,9 +119,7 @@ def check_capacity_failure_is_typed_and_clean(harness: Harness) -> None:
     harness.record(caught.value)
     assert caught.value.cloud == p.cloud and "To fix" in str(caught.value)
     alive = [
-        n
-        for n in p.nodes(gang=request.gang)
-        if n.state in (NodeState.PENDING, NodeState.RUNNING)
+        n for n in p.nodes(gang=request.gang) if n.state in (NodeState.PENDING, NodeState.RUNNING)
     ]
     assert not alive, f"a failed gang left nodes behind: {alive}"
 
@@ -134,9 +131,7 @@ def check_preemption_events(harness: Harness, nodes: list[Node]) -> None:
     harness.preempt(victim.node_id)
     seen = wait_for(
         harness,
-        lambda events: any(
-            isinstance(e, NodeLost) and e.node_id == victim.node_id for e in events
-        ),
+        lambda events: any(isinstance(e, NodeLost) and e.node_id == victim.node_id for e in events),
         f"NodeLost for preempted node {victim.node_id}",
     )
     lost = next(e for e in seen if isinstance(e, NodeLost) and e.node_id == victim.node_id)

@@ -1,0 +1,10 @@
+"""Azure adapter (azure-mgmt-compute): GPU offers from resource SKUs and retail prices, Spot VM
+gangs, eviction detection from instance views; ``metadata`` holds the on-node eviction notice.
+
+Importing this package does not import the Azure SDK; the adapter imports it when first used.
+"""
+
+from provisioners.azure.provisioner import AzureProvisioner, PriceSource
+from provisioners.azure.vm import VmSettings
+
+__all__ = ["AzureProvisioner", "PriceSource", "VmSettings"]

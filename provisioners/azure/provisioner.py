@@ -1,0 +1,513 @@
+"""Azure behind the cloud contract, with azure-mgmt-compute.
+
+Offers come from ``resource_skus.list`` (GPU sizes per location and zone, minus the subscription's
+restrictions) priced by the Retail Prices API. A gang is launched as one VM per node with
+``virtual_machines.begin_create_or_update`` (Spot with an eviction policy and ``maxPrice`` -1),
+each behind its own NIC; launch waits, polling with a deadline, until every VM's operation has
+succeeded and its instance view says ``PowerState/running``, and deletes them all if one fails.
+``poll_events`` reads each live VM's instance view once per round: a vanished Spot VM (eviction
+policy Delete) or a deallocated one (Deallocate) is ``NodeLost(reason="preempted")``.
+
+The SDK is imported only inside methods, so this module imports without it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from provisioners.azure.credentials import find_credential, require_credential, require_subscription
+from provisioners.azure.errors import CLOUD, from_code, map_error
+from provisioners.azure.network import ArmNics, NicFactory
+from provisioners.azure.prices import PRICES_URL, RetailPrices, SizePrice
+from provisioners.azure.skus import GpuSize, gpu_sizes
+from provisioners.azure.vm import GANG_TAG, VmSettings, VmStatus, read_status, vm_body
+from provisioners.base import (
+    CapacityError,
+    CloudCallError,
+    Event,
+    Feature,
+    LaunchRequest,
+    Node,
+    NodeLost,
+    NodeReady,
+    NodeState,
+    Offer,
+    Provisioner,
+    ProvisionerError,
+    SdkMissing,
+    scrub,
+)
+
+log = logging.getLogger(__name__)
+SDK_FIX = "pip install 'geo-orchestrator[azure]'"
+
+
+class PriceSource(Protocol):
+    """Where offers' prices come from (the Retail Prices API by default)."""
+
+    source: str
+
+    def prices(self, region: str, sizes: Collection[str]) -> dict[str, SizePrice]: ...
+
+
+@dataclass
+class _Tracked:
+    """A node this provisioner created, with what it needs to watch and delete it."""
+
+    node: Node
+    eviction_policy: str
+    vm_created: bool = False  # the create PUT was accepted (so deleting the VM deletes the NIC)
+
+
+class AzureProvisioner(Provisioner):
+    """Spot (or pay-as-you-go) GPU VMs in one resource group of one subscription."""
+
+    cloud = CLOUD
+    unsupported = {
+        Feature.AVAILABLE_COUNT: "Azure publishes no count of free VMs; resource SKUs say only "
+        "whether a size may be deployed in a location or zone",
+        Feature.AVAILABILITY_SCORE: "Azure's Spot Placement Score is a preview API outside "
+        "azure-mgmt-compute; this adapter does not call it",
+        Feature.PREEMPTION_RATE: "Azure shows Spot eviction-rate bands only in the portal and "
+        "Azure Resource Graph (SpotResources), not in the compute API",
+        Feature.PREEMPTION_NOTICE: "Azure announces an eviction (~30 s ahead) only to the VM "
+        "itself through Scheduled Events; the control plane sees only the loss. Run "
+        "provisioners.azure.metadata.preemption_notice on the node instead",
+    }
+
+    def __init__(
+        self,
+        *,
+        subscription_id: str | None = None,
+        resource_group: str = "geo-orchestrator",
+        locations: Sequence[str] | None = None,
+        credential: Any = None,
+        client_kwargs: Mapping[str, Any] | None = None,
+        poll_interval_s: float = 5.0,
+        vm: VmSettings | None = None,
+        subnet_id: str | None = None,
+        nic_factory: NicFactory | None = None,
+        prices_endpoint: str = PRICES_URL,
+        price_source: PriceSource | None = None,
+    ) -> None:
+        # the one place this adapter reads its environment: the SDK's own variable
+        self._subscription_id = subscription_id or os.environ.get("AZURE_SUBSCRIPTION_ID")
+        self.resource_group = resource_group
+        self.locations = tuple(loc.lower() for loc in locations) if locations else None
+        self._credential = credential
+        self._client_kwargs = dict(client_kwargs or {})
+        self.poll_interval_s = poll_interval_s
+        self.vm = vm or VmSettings()
+        self._subnet_id, self._nic_factory = subnet_id, nic_factory
+        transport = {k: v for k, v in self._client_kwargs.items() if k == "transport"}
+        self._price_source = price_source or RetailPrices(
+            endpoint=prices_endpoint, client_kwargs=transport
+        )
+        self._client: Any = None
+        self._tracked: dict[str, _Tracked] = {}
+        self._gpus_by_size: dict[str, int] = {}
+        self._events: deque[Event] = deque()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()  # set by close(); interrupts every wait
+
+    # ---- clients ---------------------------------------------------------------------------------
+
+    def _compute(self) -> Any:
+        if self._client is None:
+            subscription = require_subscription(self._subscription_id)
+            try:
+                from azure.mgmt.compute import ComputeManagementClient
+            except ImportError as error:
+                raise SdkMissing(
+                    "azure-mgmt-compute is not installed", cloud=CLOUD, call="import", fix=SDK_FIX
+                ) from error
+            credential = self._credential or _default_credential()
+            self._client = ComputeManagementClient(credential, subscription, **self._client_kwargs)
+        return self._client
+
+    def _nics(self) -> NicFactory:
+        if self._nic_factory is None:
+            if not self._subnet_id:
+                raise CloudCallError(
+                    "no network for new VMs: neither subnet_id nor nic_factory was given",
+                    cloud=CLOUD,
+                    call="launch",
+                    fix="pass subnet_id='/subscriptions/<id>/resourceGroups/<rg>/providers/"
+                    "Microsoft.Network/virtualNetworks/<vnet>/subnets/<subnet>' (a subnet in the "
+                    "region you launch in) or your own nic_factory",
+                )
+            self._nic_factory = ArmNics(
+                self._compute(),
+                subscription_id=require_subscription(self._subscription_id),
+                resource_group=self.resource_group,
+                subnet_id=self._subnet_id,
+                poll_interval_s=self.poll_interval_s,
+                stop=self._stop,
+            )
+        return self._nic_factory
+
+    # ---- the contract ----------------------------------------------------------------------------
+
+    def check_credentials(self) -> None:
+        require_subscription(self._subscription_id)
+        if self._credential is None:  # an explicit credential is the caller's choice
+            require_credential(find_credential())
+        self._compute()  # SdkMissing if the SDK is absent; builds no token yet
+
+    def offers(
+        self, *, gpus: Collection[str] | None = None, regions: Collection[str] | None = None
+    ) -> list[Offer]:
+        wanted = {r.lower() for r in regions} if regions is not None else None
+        locations = self.locations
+        if wanted is not None:
+            locations = tuple(sorted(wanted & set(locations) if locations else wanted))
+        every = gpu_sizes(self._list_skus(locations))
+        self._gpus_by_size |= {s.name: s.gpus_per_node for s in every}
+        sizes = [
+            s
+            for s in every
+            if (gpus is None or s.gpu in gpus) and (locations is None or s.location in locations)
+        ]
+        by_region: dict[str, list[GpuSize]] = {}
+        for size in sizes:
+            by_region.setdefault(size.location, []).append(size)
+        offers = []
+        for region, found in sorted(by_region.items()):
+            prices = self._price_source.prices(region, {s.name for s in found})
+            observed_s = time.time()
+            for size in found:
+                offers += self._offers_of(size, prices.get(size.name), observed_s)
+        return offers
+
+    def launch(self, request: LaunchRequest) -> list[Node]:
+        region, zone = self._where(request)
+        self._nics()  # fail before creating anything if there is no network to put VMs in
+        gpus = self._gpus_per_node(request.instance_type, region)
+        deadline_s = time.monotonic() + request.timeout_s
+        gang: list[_Tracked] = []
+        try:
+            pollers = {}
+            for index in range(request.count):
+                tracked = self._track(request, region, zone, index, gpus)
+                gang.append(tracked)
+                pollers[tracked.node.node_id] = self._create(
+                    tracked, region, zone, request, deadline_s
+                )
+            self._wait_running(gang, pollers, deadline_s, request.infra)
+            ready = [self._mark_running(t) for t in gang]
+        except BaseException:  # all or nothing, whatever stopped us (errors, timeout, Ctrl-C)
+            self._cleanup(gang)
+            raise
+        self._events.extend(NodeReady(node=node) for node in ready)
+        log.info("azure: gang %s running: %s", request.gang, [n.node_id for n in ready])
+        return ready
+
+    def nodes(self, *, gang: str | None = None) -> list[Node]:
+        with self._lock:
+            return [t.node for t in self._tracked.values() if gang is None or t.node.gang == gang]
+
+    def terminate(self, node_ids: Sequence[str]) -> None:
+        with self._lock:
+            known = [self._tracked[i] for i in node_ids if i in self._tracked]
+        self._delete([t for t in known if t.node.state != NodeState.TERMINATED], reason="terminate")
+
+    def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
+        deadline_s = time.monotonic() + timeout_s
+        while True:
+            events: list[Event] = []
+            while self._events:
+                events.append(self._events.popleft())
+            events += self._check_live_nodes()
+            left_s = deadline_s - time.monotonic()
+            if events or left_s <= 0 or self._stop.is_set():
+                return events
+            self._stop.wait(min(self.poll_interval_s, left_s))
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._client is not None:
+            self._client.close()
+
+    # ---- offers ----------------------------------------------------------------------------------
+
+    def _list_skus(self, locations: Sequence[str] | None) -> list[Any]:
+        from azure.core.exceptions import AzureError
+
+        skus = self._compute().resource_skus
+        try:
+            if locations is None:
+                return list(skus.list())
+            return [s for loc in locations for s in skus.list(filter=f"location eq '{loc}'")]
+        except AzureError as error:
+            where = ", ".join(locations) if locations else "all locations"
+            raise map_error(error, call="resource_skus.list", where=where) from error
+
+    def _offers_of(self, size: GpuSize, price: SizePrice | None, observed_s: float) -> list[Offer]:
+        if price is None:  # an offer without a price cannot be planned with
+            log.debug("azure: no retail price for %s in %s; skipped", size.name, size.location)
+            return []
+        return [
+            Offer(
+                cloud=CLOUD,
+                region=size.location,
+                zone=zone,
+                instance_type=size.name,
+                gpu=size.gpu,
+                gpus_per_node=size.gpus_per_node,
+                vcpus=size.vcpus,
+                memory_gib=size.memory_gib,
+                on_demand_usd_per_hour=price.on_demand_usd_per_hour,
+                spot_usd_per_hour=price.spot_usd_per_hour,
+                observed_at_s=observed_s,
+                source=f"azure resource_skus.list + {self._price_source.source}",
+            )
+            for zone in (size.zones or (None,))
+        ]
+
+    # ---- launch ----------------------------------------------------------------------------------
+
+    def _where(self, request: LaunchRequest) -> tuple[str, str | None]:
+        parts = request.infra.split("/")
+        if parts[0] != CLOUD or len(parts) > 3:
+            raise CloudCallError(
+                f"infra {request.infra!r} is not an Azure location",
+                cloud=CLOUD,
+                call="launch",
+                fix="write azure/<region> or azure/<region>/<zone number>, e.g. azure/eastus/1",
+            )
+        return parts[1].lower(), (parts[2] if len(parts) == 3 else None)
+
+    def _gpus_per_node(self, size: str, region: str) -> int:
+        """GPUs of a VM size, from the last offers or else from the region's resource SKUs."""
+        if size not in self._gpus_by_size:
+            for found in gpu_sizes(self._list_skus((region,))):
+                self._gpus_by_size[found.name] = found.gpus_per_node
+        if size not in self._gpus_by_size:
+            raise CloudCallError(
+                f"{size} is not a GPU VM size this subscription may deploy in {region}",
+                cloud=CLOUD,
+                call="resource_skus.list",
+                fix="pick an instance_type from offers() for this region",
+            )
+        return self._gpus_by_size[size]
+
+    def _cleanup(self, gang: list[_Tracked]) -> None:
+        """Delete a failed gang; a failure to clean up is logged, the launch error is raised."""
+        try:
+            self._delete(gang, reason="launch failed")
+        except ProvisionerError as error:
+            log.error("azure: could not delete every VM of a failed gang: %s", error)
+
+    def _track(
+        self, request: LaunchRequest, region: str, zone: str | None, index: int, gpus: int
+    ) -> _Tracked:
+        name = _vm_name(request.gang, index)
+        node = Node(
+            node_id=name,
+            gang=request.gang,
+            infra="/".join(p for p in (CLOUD, region, zone) if p),
+            instance_type=request.instance_type,
+            gpu=request.gpu,
+            gpus=gpus,
+            spot=request.spot,
+            state=NodeState.PENDING,
+            launched_at_s=time.time(),
+            labels=request.labels,
+        )
+        tracked = _Tracked(node=node, eviction_policy=self.vm.eviction_policy)
+        with self._lock:
+            self._tracked[name] = tracked
+        return tracked
+
+    def _create(
+        self,
+        tracked: _Tracked,
+        region: str,
+        zone: str | None,
+        request: LaunchRequest,
+        deadline_s: float,
+    ) -> Any:
+        """Create the NIC and start the VM create; returns the operation's poller."""
+        from azure.core.exceptions import AzureError
+
+        name = tracked.node.node_id
+        nic_id = self._nics().create(name=name, location=region, deadline_s=deadline_s)
+        tags = {GANG_TAG: request.gang, **dict(request.labels)}
+        body = vm_body(
+            self.vm,
+            name=name,
+            location=region,
+            zone=zone,
+            size=request.instance_type,
+            spot=request.spot,
+            nic_id=nic_id,
+            tags=tags,
+        )
+        try:
+            poller = self._compute().virtual_machines.begin_create_or_update(
+                self.resource_group, name, body, polling_interval=self.poll_interval_s
+            )
+        except AzureError as error:
+            raise map_error(
+                error, call="virtual_machines.begin_create_or_update", where=request.infra
+            ) from error
+        tracked.vm_created = True
+        return poller
+
+    def _wait_running(
+        self, gang: list[_Tracked], pollers: dict[str, Any], deadline_s: float, infra: str
+    ) -> None:
+        """Poll until every VM's create succeeded and it runs; typed error at the first failure."""
+        waiting = {t.node.node_id for t in gang}
+        while waiting:
+            for name in sorted(waiting):
+                if self._vm_ready(name, pollers, infra):
+                    waiting.discard(name)
+            if not waiting:
+                return
+            if time.monotonic() >= deadline_s or self._stop.is_set():
+                raise CapacityError(
+                    f"{len(waiting)} of {len(gang)} VMs in {infra} not running in time: "
+                    f"{sorted(waiting)}",
+                    cloud=CLOUD,
+                    call="launch",
+                    fix="try another zone or region, or raise LaunchRequest.timeout_s",
+                )
+            self._stop.wait(self.poll_interval_s)
+
+    def _vm_ready(self, name: str, pollers: dict[str, Any], infra: str) -> bool:
+        from azure.core.exceptions import AzureError
+
+        poller = pollers.get(name)
+        if poller is not None:
+            if not poller.done():
+                return False
+            try:
+                poller.result()  # raises the operation's error (e.g. ZonalAllocationFailed)
+            except AzureError as error:
+                raise map_error(
+                    error, call="virtual_machines.begin_create_or_update", where=infra
+                ) from error
+            pollers.pop(name)
+        status = self._status(name)
+        if status is None:
+            raise CloudCallError(
+                f"VM {name} vanished while starting in {infra}",
+                cloud=CLOUD,
+                call="virtual_machines.instance_view",
+                fix="a Spot VM can be evicted at once; try another zone or region",
+            )
+        if status.failed:
+            code = status.provisioning.partition("/")[2] if status.provisioning else ""
+            raise from_code(
+                code, status.message, call="virtual_machines.instance_view", where=infra
+            )
+        return status.running
+
+    def _mark_running(self, tracked: _Tracked) -> Node:
+        address = self._nics().address(tracked.node.node_id)
+        with self._lock:
+            tracked.node = replace(tracked.node, state=NodeState.RUNNING, address=address)
+            return tracked.node
+
+    def _delete(self, gang: list[_Tracked], *, reason: str) -> None:
+        """Delete these VMs (their NICs with them); missing ones are fine. Errors are raised only
+        after every delete was attempted, so one failure does not leave the rest running."""
+        from azure.core.exceptions import AzureError, ResourceNotFoundError
+
+        failures = []
+        for tracked in gang:
+            name = tracked.node.node_id
+            try:
+                if tracked.vm_created:
+                    self._compute().virtual_machines.begin_delete(
+                        self.resource_group, name, polling_interval=self.poll_interval_s
+                    )
+                else:  # no VM took the NIC: delete it directly
+                    self._nics().delete(name)
+            except ResourceNotFoundError:
+                pass  # already gone: exactly what we wanted
+            except (AzureError, ProvisionerError) as error:
+                failures.append((name, error))
+                continue
+            with self._lock:
+                if tracked.node.state != NodeState.LOST:
+                    tracked.node = replace(tracked.node, state=NodeState.TERMINATED)
+            log.info("azure: deleting VM %s (%s)", name, reason)
+        if failures:
+            name, error = failures[0]
+            if isinstance(error, ProvisionerError):
+                raise error
+            raise map_error(error, call="virtual_machines.begin_delete", where=name) from error
+
+    # ---- events ----------------------------------------------------------------------------------
+
+    def _status(self, name: str) -> VmStatus | None:
+        """The VM's instance view, or None if the VM does not exist (any more)."""
+        from azure.core.exceptions import AzureError, ResourceNotFoundError
+
+        try:
+            view = self._compute().virtual_machines.instance_view(self.resource_group, name)
+        except ResourceNotFoundError:
+            return None
+        except AzureError as error:
+            raise map_error(error, call="virtual_machines.instance_view", where=name) from error
+        return read_status(view.get("statuses"))
+
+    def _check_live_nodes(self) -> list[Event]:
+        with self._lock:
+            live = [t for t in self._tracked.values() if t.node.state == NodeState.RUNNING]
+        events: list[Event] = []
+        for tracked in live:
+            try:
+                status = self._status(tracked.node.node_id)
+            except CloudCallError as error:  # a passing ARM hiccup: look again next round
+                log.warning("azure: could not read %s: %s", tracked.node.node_id, scrub(str(error)))
+                continue
+            reason = _loss_reason(tracked, status)
+            if reason is None:
+                continue
+            with self._lock:
+                tracked.node = replace(tracked.node, state=NodeState.LOST)
+            log.info("azure: node %s lost (%s)", tracked.node.node_id, reason)
+            events.append(
+                NodeLost(node_id=tracked.node.node_id, infra=tracked.node.infra, reason=reason)
+            )
+        return events
+
+
+def _loss_reason(tracked: _Tracked, status: VmStatus | None) -> str | None:
+    """Why a running node is gone (``preempted`` or ``failed``), or None if it still runs."""
+    spot = tracked.node.spot
+    if status is None:  # vanished: eviction policy Delete removes an evicted Spot VM
+        return "preempted" if spot and tracked.eviction_policy == "Delete" else "failed"
+    if status.evicted:
+        return "preempted" if spot else "failed"
+    if status.failed:
+        return "failed"
+    return None
+
+
+def _vm_name(gang: str, index: int) -> str:
+    """A VM name Azure accepts (letters, digits, hyphens; <= 64), unique across relaunches."""
+    base = re.sub(r"[^a-z0-9-]+", "-", gang.lower()).strip("-")[:40] or "gang"
+    return f"{base}-{uuid.uuid4().hex[:6]}-{index}"
+
+
+def _default_credential() -> Any:
+    try:
+        from azure.identity import DefaultAzureCredential
+    except ImportError as error:
+        raise SdkMissing(
+            "azure-identity is not installed", cloud=CLOUD, call="import", fix=SDK_FIX
+        ) from error
+    return DefaultAzureCredential()

@@ -1,0 +1,138 @@
+"""The VM an Azure node is: its settings, the create body, and how to read its instance view.
+
+A Spot node is created with ``priority: Spot``, an eviction policy (``Delete`` by default: an
+evicted node's disk is useless to elastic training and a deallocated VM keeps using Spot quota),
+and ``billingProfile.maxPrice`` -1 (pay up to the pay-as-you-go price, so it is evicted only for
+capacity, never for price). Its NIC and OS disk are deleted with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+GANG_TAG = "geo-orchestrator-gang"
+EVICTION_POLICIES = ("Delete", "Deallocate")
+# instance-view power states that, on a Spot VM we did not stop, mean Azure evicted it
+EVICTED_POWER_STATES = frozenset({"deallocated", "deallocating", "stopped", "stopping"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class VmSettings:
+    """Image, login and Spot settings of every node this provisioner creates."""
+
+    image_publisher: str = "microsoft-dsvm"
+    image_offer: str = "ubuntu-hpc"
+    image_sku: str = "2204"
+    image_version: str = "latest"
+    admin_username: str = "azureuser"
+    ssh_public_key: str | None = None  # a public key (not a secret); Azure requires one for Linux
+    os_disk_size_gib: int = 256
+    eviction_policy: str = "Delete"
+    spot_max_price_usd_per_hour: float = -1.0  # -1: up to the pay-as-you-go price
+
+    def __post_init__(self) -> None:
+        if self.eviction_policy not in EVICTION_POLICIES:
+            raise ValueError(
+                f"eviction_policy is {self.eviction_policy!r}; write one of {EVICTION_POLICIES}"
+            )
+        if self.spot_max_price_usd_per_hour != -1 and self.spot_max_price_usd_per_hour <= 0:
+            raise ValueError("spot_max_price_usd_per_hour is -1 (no cap) or a positive price")
+
+
+def vm_body(
+    settings: VmSettings,
+    *,
+    name: str,
+    location: str,
+    zone: str | None,
+    size: str,
+    spot: bool,
+    nic_id: str,
+    tags: Mapping[str, str],
+) -> dict[str, Any]:
+    """The ``virtualMachines`` PUT body (REST shape) for one node."""
+    properties: dict[str, Any] = {
+        "hardwareProfile": {"vmSize": size},
+        "storageProfile": {
+            "imageReference": {
+                "publisher": settings.image_publisher,
+                "offer": settings.image_offer,
+                "sku": settings.image_sku,
+                "version": settings.image_version,
+            },
+            "osDisk": {
+                "createOption": "FromImage",
+                "deleteOption": "Delete",
+                "diskSizeGB": settings.os_disk_size_gib,
+                "managedDisk": {"storageAccountType": "Premium_LRS"},
+            },
+        },
+        "osProfile": _os_profile(settings, name),
+        "networkProfile": {
+            "networkInterfaces": [{"id": nic_id, "properties": {"deleteOption": "Delete"}}]
+        },
+    }
+    if spot:
+        properties |= {
+            "priority": "Spot",
+            "evictionPolicy": settings.eviction_policy,
+            "billingProfile": {"maxPrice": settings.spot_max_price_usd_per_hour},
+        }
+    body: dict[str, Any] = {"location": location, "tags": dict(tags), "properties": properties}
+    if zone:
+        body["zones"] = [zone]
+    return body
+
+
+def _os_profile(settings: VmSettings, name: str) -> dict[str, Any]:
+    key_path = f"/home/{settings.admin_username}/.ssh/authorized_keys"
+    return {
+        "computerName": name[:64],
+        "adminUsername": settings.admin_username,
+        "linuxConfiguration": {
+            "disablePasswordAuthentication": True,
+            "ssh": {"publicKeys": [{"path": key_path, "keyData": settings.ssh_public_key}]},
+        },
+    }
+
+
+@dataclass(frozen=True)
+class VmStatus:
+    """What an instance view says: ``ProvisioningState/<x>`` and ``PowerState/<y>``, lowercased."""
+
+    provisioning: str | None
+    power: str | None
+    codes: tuple[str, ...]
+    message: str = ""
+
+    @property
+    def running(self) -> bool:
+        return self.provisioning == "succeeded" and self.power == "running"
+
+    @property
+    def failed(self) -> bool:
+        return (self.provisioning or "").startswith("failed")
+
+    @property
+    def evicted(self) -> bool:
+        """Looks evicted: stopped without our asking, or a status naming eviction/preemption."""
+        named = any("evict" in c or "preempt" in c for c in self.codes)
+        return named or self.power in EVICTED_POWER_STATES
+
+
+def read_status(statuses: Sequence[Any] | None) -> VmStatus:
+    """Parse an instance view's ``statuses`` (SDK models or dicts, both mappings)."""
+    provisioning = power = None
+    codes, message = [], ""
+    for status in statuses or []:
+        code = str(status.get("code") or "").lower()
+        codes.append(code)
+        kind, _, value = code.partition("/")
+        if kind == "provisioningstate":
+            provisioning = value  # "succeeded", "creating", "failed/zonalallocationfailed", ...
+            message = str(status.get("message") or "")
+        elif kind == "powerstate":
+            power = value
+    return VmStatus(provisioning, power, tuple(codes), message)

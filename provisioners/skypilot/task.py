@@ -1,0 +1,87 @@
+"""The SkyPilot task that brings up one gang: a cluster of ``count`` nodes, each joining our Ray.
+
+SkyPilot runs its own Ray on port 6380 to drive its jobs; ours is a second Ray cluster on another
+port (6379 by default), started by the task's run command on every node: rank 0 is the head, the
+others join it at the first address in ``SKYPILOT_NODE_IPS``. Every node carries the labels and
+custom resources the local simulated cloud uses (``geo-cloud``..., ``infra:<...>``, ``gpu:<...>``),
+so the runtime places work the same way on both.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from typing import Any
+
+from provisioners.base import LaunchRequest
+
+SKYPILOT_RAY_PORT = 6380  # SkyPilot's own Ray: never ours
+_NOT_IN_NAME = re.compile(r"[^a-z0-9-]+")
+
+
+def cluster_name(gang: str, *, prefix: str) -> str:
+    """A SkyPilot cluster name for ``gang``: lower case letters, digits and dashes, starting with a
+    letter (SkyPilot's and the clouds' rule for instance names)."""
+    body = _NOT_IN_NAME.sub("-", gang.lower()).strip("-") or "gang"
+    return f"{prefix}{body}"[:60].rstrip("-")
+
+
+def node_labels(request: LaunchRequest, gang: str) -> dict[str, str]:
+    """The Ray labels of every node of the gang (label values may not contain ``/``)."""
+    parts = request.infra.split("/")
+    labels = {"geo-cloud": parts[0], "geo-region": parts[1], "geo-gpu": request.gpu}
+    if len(parts) > 2:
+        labels["geo-zone"] = parts[2]
+    labels["geo-gang"] = gang.replace("/", "-")
+    return labels
+
+
+def ray_run_script(request: LaunchRequest, *, gpus_per_node: int, ray_port: int) -> str:
+    """The shell run on every node: start (or join) our Ray with the gang's labels and resources."""
+    resources = json.dumps(
+        {f"infra:{request.infra}": gpus_per_node, f"gpu:{request.gpu}": gpus_per_node}
+    )
+    labels = ",".join(f"{k}={v}" for k, v in node_labels(request, request.gang).items())
+    common = (
+        f"--disable-usage-stats --resources={shlex.quote(resources)} --labels={shlex.quote(labels)}"
+    )
+    return "\n".join(
+        [
+            "set -e",
+            'HEAD_IP=$(echo "$SKYPILOT_NODE_IPS" | head -n1)',
+            'if [ "$SKYPILOT_NODE_RANK" = "0" ]; then',
+            f"  ray start --head --port={ray_port} {common}",
+            "else",
+            f'  ray start --address="$HEAD_IP:{ray_port}" {common}',
+            "fi",
+        ]
+    )
+
+
+def build_task(
+    sdk: Any,
+    request: LaunchRequest,
+    *,
+    cluster: str,
+    gpus_per_node: int,
+    setup: str | None,
+    ray_port: int,
+) -> Any:
+    """A ``sky.Task`` of ``request.count`` nodes pinned to ``request.infra`` (cloud/region[/zone]),
+    spot or on-demand, with the instance type and GPUs asked for."""
+    resources = sdk.Resources(
+        infra=request.infra,
+        instance_type=request.instance_type,
+        accelerators={request.gpu: gpus_per_node},
+        use_spot=request.spot,
+        labels=dict(request.labels) or None,
+    )
+    task = sdk.Task(
+        name=cluster,
+        setup=setup,
+        run=ray_run_script(request, gpus_per_node=gpus_per_node, ray_port=ray_port),
+        num_nodes=request.count,
+    )
+    task.set_resources(resources)
+    return task

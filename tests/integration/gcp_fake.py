@@ -1,0 +1,380 @@
+"""A small fake of the Compute Engine and Cloud Billing Catalog REST APIs, on 127.0.0.1.
+
+The real google-cloud-compute client (REST transport) talks to it through
+``client_options={"api_endpoint": fake.url}``; the adapter's Billing Catalog session through
+``billing_endpoint=fake.url``. It holds zones, accelerator types, machine types, instances, zone
+operations and SKUs in memory, records every insert body and delete, checks the bearer token on
+every request, and can be told to run out of capacity in a zone, refuse for quota, or preempt an
+instance (deleting it and recording a ``compute.instances.preempted`` zone operation).
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+PROJECT = "test-project"
+COMPUTE = f"/compute/v1/projects/{PROJECT}"
+SELF_LINK = f"https://www.googleapis.com/compute/v1/projects/{PROJECT}"
+
+
+def _machine(name: str, vcpus: int, memory_mb: int, gpus: tuple[str, int] | None = None) -> dict:
+    machine: dict[str, Any] = {"name": name, "guestCpus": vcpus, "memoryMb": memory_mb}
+    if gpus is not None:
+        machine["accelerators"] = [
+            {"guestAcceleratorType": gpus[0], "guestAcceleratorCount": gpus[1]}
+        ]
+    return machine
+
+
+N1 = [
+    _machine("n1-standard-8", 8, 30720),
+    _machine("n1-standard-16", 16, 61440),
+    _machine("n1-standard-32", 32, 122880),
+    _machine("e2-standard-4", 4, 16384),
+]
+ZONES = {"us-central1-a": "UP", "us-central1-b": "UP", "us-central1-f": "DOWN", "us-west1-b": "UP"}
+ACCELERATORS = {
+    "us-central1-a": [("nvidia-tesla-t4", 4), ("nvidia-tesla-a100", 16)],
+    "us-central1-b": [("nvidia-tesla-t4", 4)],
+    "us-central1-f": [("nvidia-tesla-t4", 4)],
+    "us-west1-b": [("nvidia-tesla-v100", 8), ("nvidia-l4", 8)],
+}
+MACHINES = {
+    "us-central1-a": [*N1, _machine("a2-highgpu-1g", 12, 87040, ("nvidia-tesla-a100", 1))],
+    "us-central1-b": list(N1),
+    "us-central1-f": list(N1),
+    "us-west1-b": [*N1, _machine("g2-standard-8", 8, 32768, ("nvidia-l4", 1))],
+}
+AMERICAS = ["us-central1", "us-west1"]
+
+
+def _sku(description: str, usage: str, usd: float, unit: str = "h") -> dict:
+    units, nanos = int(usd), round((usd - int(usd)) * 1e9)
+    return {
+        "description": description,
+        "category": {"resourceFamily": "Compute", "usageType": usage},
+        "serviceRegions": AMERICAS,
+        "pricingInfo": [
+            {
+                "pricingExpression": {
+                    "usageUnit": unit,
+                    "tieredRates": [
+                        {
+                            "startUsageAmount": 0,
+                            "unitPrice": {
+                                "currencyCode": "USD",
+                                "units": str(units),
+                                "nanos": nanos,
+                            },
+                        }
+                    ],
+                }
+            }
+        ],
+    }
+
+
+SKUS = [
+    _sku("Nvidia Tesla T4 GPU running in Americas", "OnDemand", 0.35),
+    _sku("Spot Preemptible Nvidia Tesla T4 GPU running in Americas", "Preemptible", 0.14),
+    _sku("Nvidia Tesla T4 Virtual Workstation GPU running in Americas", "OnDemand", 0.55),
+    _sku("Commitment v1: Nvidia Tesla T4 GPU running in Americas for 1 Year", "Commit1Yr", 0.22),
+    _sku("Nvidia Tesla A100 GPU running in Americas", "OnDemand", 2.933908),
+    _sku("Spot Preemptible Nvidia Tesla A100 GPU running in Americas", "Preemptible", 1.17),
+    _sku("Nvidia Tesla V100 GPU running in Americas", "OnDemand", 2.48),
+    _sku("Spot Preemptible Nvidia Tesla V100 GPU running in Americas", "Preemptible", 0.992),
+    _sku("N1 Predefined Instance Core running in Americas", "OnDemand", 0.031611),
+    _sku("Spot Preemptible N1 Predefined Instance Core running in Americas", "Preemptible", 0.0066),
+    _sku("N1 Predefined Instance Ram running in Americas", "OnDemand", 0.004237, "GiBy.h"),
+    _sku(
+        "Spot Preemptible N1 Predefined Instance Ram running in Americas",
+        "Preemptible",
+        0.0009,
+        "GiBy.h",
+    ),
+    _sku("A2 Instance Core running in Americas", "OnDemand", 0.031611),
+    _sku("A2 Instance Ram running in Americas", "OnDemand", 0.004237, "GiBy.h"),
+    # L4 and G2 are deliberately unpriced: their offers must be left out.
+]
+
+CAPACITY_MESSAGE = (
+    "The zone 'projects/{project}/zones/{zone}' does not have enough resources available to "
+    "fulfill the request.  Try a different zone, or try again later."
+)
+
+
+@dataclass
+class FakeGcp:
+    """The fake's state; ``start()`` serves it, ``stop()`` shuts it down."""
+
+    token: str
+    capacity: dict[str, int] = field(default_factory=dict)  # zone -> inserts it still accepts
+    quota_zones: set[str] = field(default_factory=set)  # inserts here fail with a 403 quota error
+    denied: bool = False  # every compute call answers 403 (no IAM permission)
+    stagings_before_running: int = 1  # instances.get shows STAGING this many times first
+    instances: dict[tuple[str, str], dict] = field(default_factory=dict)
+    operations: dict[tuple[str, str], dict] = field(default_factory=dict)
+    inserted: list[dict] = field(default_factory=list)
+    deleted: list[str] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)
+    _ids: Any = field(default_factory=lambda: itertools.count(1))
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _server: ThreadingHTTPServer | None = None
+
+    # ---- lifecycle ------------------------------------------------------------------------------
+
+    def start(self) -> FakeGcp:
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        ).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    # ---- what tests do to the cloud -------------------------------------------------------------
+
+    def preempt(self, name: str) -> None:
+        """GCP preempts a spot VM: the instance goes, a preempted operation stays."""
+        with self._lock:
+            zone = next(z for (z, n) in self.instances if n == name)
+            del self.instances[(zone, name)]
+            self._operation(zone, name, kind="compute.instances.preempted")
+
+    def vanish(self, name: str) -> None:
+        """The instance disappears without a preemption (a host failure, someone deleted it)."""
+        with self._lock:
+            zone = next(z for (z, n) in self.instances if n == name)
+            del self.instances[(zone, name)]
+
+    # ---- request handling -----------------------------------------------------------------------
+
+    def handle(self, method: str, path: str, query: dict, body: dict) -> tuple[int, dict]:
+        with self._lock:
+            self.requests.append(f"{method} {path}")
+            if path.startswith("/v1/services/"):
+                return self._skus(query)
+            if self.denied:
+                return _error(403, "Required 'compute.instances.list' permission", "forbidden")
+            for pattern, handler in self._routes():
+                match = re.fullmatch(pattern, path)
+                if match and handler[0] == method:
+                    return handler[1](query, body, *match.groups())
+            return _error(404, f"no route {method} {path}", "notFound")
+
+    def _routes(self) -> list[tuple[str, tuple[str, Any]]]:
+        zone = COMPUTE + "/zones/([^/]+)"
+        return [
+            (COMPUTE + "/zones", ("GET", self._zones)),
+            (COMPUTE + "/aggregated/acceleratorTypes", ("GET", self._accelerators)),
+            (COMPUTE + "/aggregated/machineTypes", ("GET", self._machine_types)),
+            (zone + "/machineTypes/([^/]+)", ("GET", self._machine_type)),
+            (zone + "/instances", ("POST", self._insert)),
+            (zone + "/instances", ("GET", self._list_instances)),
+            (zone + "/instances/([^/]+)", ("GET", self._get_instance)),
+            (zone + "/instances/([^/]+)", ("DELETE", self._delete_instance)),
+            (zone + "/operations", ("GET", self._list_operations)),
+            (zone + "/operations/([^/]+)", ("GET", self._get_operation)),
+        ]
+
+    def _zones(self, query: dict, body: dict) -> tuple[int, dict]:
+        items = [
+            {"name": z, "status": s, "region": f"{SELF_LINK}/regions/{z.rsplit('-', 1)[0]}"}
+            for z, s in ZONES.items()
+        ]
+        return 200, {"items": items}
+
+    def _accelerators(self, query: dict, body: dict) -> tuple[int, dict]:
+        items = {
+            f"zones/{zone}": {
+                "acceleratorTypes": [
+                    {
+                        "name": name,
+                        "zone": f"{SELF_LINK}/zones/{zone}",
+                        "maximumCardsPerInstance": most,
+                    }
+                    for name, most in kinds
+                ]
+            }
+            for zone, kinds in ACCELERATORS.items()
+        }
+        return 200, {"items": items}
+
+    def _machine_types(self, query: dict, body: dict) -> tuple[int, dict]:
+        items = {
+            f"zones/{zone}": {
+                "machineTypes": [{**m, "zone": f"{SELF_LINK}/zones/{zone}"} for m in machines]
+            }
+            for zone, machines in MACHINES.items()
+        }
+        return 200, {"items": items}
+
+    def _machine_type(self, query: dict, body: dict, zone: str, name: str) -> tuple[int, dict]:
+        for machine in MACHINES.get(zone, ()):
+            if machine["name"] == name:
+                return 200, {**machine, "zone": f"{SELF_LINK}/zones/{zone}"}
+        return _error(404, f"machine type {name} not found in {zone}", "notFound")
+
+    def _insert(self, query: dict, body: dict, zone: str) -> tuple[int, dict]:
+        self.inserted.append({"zone": zone, **body})
+        if zone in self.quota_zones:
+            region = zone.rsplit("-", 1)[0]
+            return _error(
+                403,
+                f"Quota 'NVIDIA_T4_GPUS' exceeded.  Limit: 0.0 in region {region}.",
+                "quotaExceeded",
+            )
+        name = body["name"]
+        left = self.capacity.get(zone)
+        if left is not None and left <= 0:
+            message = CAPACITY_MESSAGE.format(project=PROJECT, zone=zone)
+            error = {"errors": [{"code": "ZONE_RESOURCE_POOL_EXHAUSTED", "message": message}]}
+            return 200, self._operation(zone, name, kind="insert", done=True, error=error)
+        if left is not None:
+            self.capacity[zone] = left - 1
+        number = next(self._ids)
+        self.instances[(zone, name)] = {
+            "id": str(1000 + number),
+            "name": name,
+            "zone": f"{SELF_LINK}/zones/{zone}",
+            "status": "PROVISIONING",
+            "machineType": body.get("machineType", ""),
+            "labels": body.get("labels", {}),
+            "scheduling": body.get("scheduling", {}),
+            "networkInterfaces": [
+                {"networkIP": f"10.0.0.{number}", "accessConfigs": [{"natIP": f"34.1.0.{number}"}]}
+            ],
+            "_gets": 0,
+        }
+        # RUNNING at first: the client must poll the operation until DONE
+        return 200, self._operation(zone, name, kind="insert", done=False)
+
+    def _operation(
+        self, zone: str, target: str, *, kind: str, done: bool = True, error: dict | None = None
+    ) -> dict:
+        name = f"operation-{next(self._ids)}"
+        operation = {
+            "name": name,
+            "operationType": kind,
+            "targetLink": f"{SELF_LINK}/zones/{zone}/instances/{target}",
+            "zone": f"{SELF_LINK}/zones/{zone}",
+            "status": "DONE" if done else "RUNNING",
+        }
+        if error is not None:
+            operation["error"] = error
+            operation["httpErrorStatusCode"] = 503
+        self.operations[(zone, name)] = operation
+        return operation
+
+    def _get_operation(self, query: dict, body: dict, zone: str, name: str) -> tuple[int, dict]:
+        operation = self.operations.get((zone, name))
+        if operation is None:
+            return _error(404, f"operation {name} not found", "notFound")
+        operation["status"] = "DONE"
+        return 200, operation
+
+    def _list_operations(self, query: dict, body: dict, zone: str) -> tuple[int, dict]:
+        wanted = query.get("filter", [""])[0]
+        items = [
+            op
+            for (z, _), op in self.operations.items()
+            if z == zone and (not wanted or op["operationType"] in wanted)
+        ]
+        return 200, {"items": items}
+
+    def _public(self, instance: dict) -> dict:
+        return {k: v for k, v in instance.items() if not k.startswith("_")}
+
+    def _get_instance(self, query: dict, body: dict, zone: str, name: str) -> tuple[int, dict]:
+        instance = self.instances.get((zone, name))
+        if instance is None:
+            return _error(
+                404,
+                f"The resource 'projects/{PROJECT}/zones/{zone}/instances/{name}' was not found",
+                "notFound",
+            )
+        instance["_gets"] += 1
+        running = instance["_gets"] > self.stagings_before_running
+        instance["status"] = "RUNNING" if running else "STAGING"
+        return 200, self._public(instance)
+
+    def _list_instances(self, query: dict, body: dict, zone: str) -> tuple[int, dict]:
+        items = [self._public(i) for (z, _), i in self.instances.items() if z == zone]
+        return 200, {"items": items}
+
+    def _delete_instance(self, query: dict, body: dict, zone: str, name: str) -> tuple[int, dict]:
+        if self.instances.pop((zone, name), None) is None:
+            return _error(
+                404,
+                f"The resource 'projects/{PROJECT}/zones/{zone}/instances/{name}' was not found",
+                "notFound",
+            )
+        self.deleted.append(name)
+        return 200, self._operation(zone, name, kind="delete")
+
+    def _skus(self, query: dict) -> tuple[int, dict]:
+        """Two pages, to make the client follow nextPageToken."""
+        if query.get("pageToken", [""])[0] == "page-2":
+            return 200, {"skus": SKUS[len(SKUS) // 2 :], "nextPageToken": ""}
+        return 200, {"skus": SKUS[: len(SKUS) // 2], "nextPageToken": "page-2"}
+
+
+def _error(status: int, message: str, reason: str) -> tuple[int, dict]:
+    return status, {
+        "error": {
+            "code": status,
+            "message": message,
+            "errors": [{"message": message, "domain": "global", "reason": reason}],
+        }
+    }
+
+
+def _handler(fake: FakeGcp) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        def _serve(self, method: str) -> None:
+            url = urlparse(self.path)
+            length = int(self.headers.get("Content-Length") or 0)
+            body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+            if self.headers.get("Authorization") != f"Bearer {fake.token}":
+                # a careless server could echo the header: the adapter must scrub it
+                echoed = self.headers.get("Authorization", "")
+                status, answer = _error(
+                    401, f"Invalid credentials: Authorization: {echoed}", "authError"
+                )
+            else:
+                status, answer = fake.handle(method, url.path, parse_qs(url.query), body)
+            data = json.dumps(answer).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            self._serve("GET")
+
+        def do_POST(self) -> None:  # noqa: N802
+            self._serve("POST")
+
+        def do_DELETE(self) -> None:  # noqa: N802
+            self._serve("DELETE")
+
+        def log_message(self, format: str, *args: object) -> None:  # keep test output quiet
+            return
+
+    return Handler
