@@ -52,10 +52,19 @@ def poll(catalog: Catalog, providers: Sequence[str], *, strict: bool) -> LiveMar
         except (CredentialsMissing, SdkMissing) as error:
             if strict:
                 raise UserError(error.message, fix=error.fix, field=f"--provider {name}") from None
-            warnings.append(f"skipped {name}: {error.message} (to fix: {error.fix})")
+            # one line per cloud: what is missing; ``--provider NAME`` shows where the SDK looked
+            warnings.append(
+                f"skipped {name}: {error.message.split('. ')[0]} "
+                f"(details: python -m orchestrator catalog offers --provider {name})"
+            )
             continue
         except ProvisionerError as error:
-            raise UserError(f"{error.cloud} {error.call}: {error.message}", fix=error.fix) from None
+            if strict:
+                raise UserError(
+                    f"{error.cloud} {error.call}: {error.message}", fix=error.fix
+                ) from None
+            warnings.append(f"skipped {name}: {error.call} failed: {error.message.split('. ')[0]}")
+            continue
         converted, dropped = _convert(catalog, live)
         if dropped:
             warnings.append(f"{name}: left out {dropped} offers with no on-demand price anywhere")

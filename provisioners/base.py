@@ -16,8 +16,9 @@ import abc
 import enum
 import os
 import re
+import threading
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 
@@ -90,8 +91,11 @@ SECRET_ENV = (
 )
 _SECRET_PATTERNS = (
     re.compile(r"(?i)(bearer\s+)[A-Za-z0-9._~+/=-]+"),
+    re.compile(r"(?i)(x-amz-security-token['\"]?\s*[:=]\s*b?['\"]?)[^'\"\s,;&}]+"),
+    # ``client_secret=...``, ``"token": "..."``, ``password: b'...'``; not ``AuthenticationToken:``
     re.compile(
-        r"(?i)((?:secret|token|password|signature|credential)[\"']?\s*[:=]\s*[\"']?)[^\s\"',;&]+"
+        r"(?i)((?<![a-z])(?:secret|token|password|signature|credential)s?[\"']?\s*[:=]\s*b?[\"']?)"
+        r"[^\s\"',;&}]+"
     ),
     re.compile(r"\b(A[SK]IA)[A-Z0-9]{12,}\b"),
 )
@@ -203,6 +207,25 @@ class NodeLost:
 
 
 Event = NodeReady | PreemptionNotice | NodeLost
+
+
+def poll_until_events(
+    look: Callable[[], list[Event]],
+    *,
+    timeout_s: float,
+    interval_s: float,
+    stop: threading.Event,
+) -> list[Event]:
+    """Call ``look`` (one look at the cloud, returning the events it found) until it finds some,
+    ``timeout_s`` has passed or ``stop`` is set, waiting ``interval_s`` between looks: how adapters
+    that poll a control plane implement ``poll_events``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        events = look()
+        left_s = deadline - time.monotonic()
+        if events or left_s <= 0 or stop.is_set():
+            return events
+        stop.wait(min(interval_s, left_s))
 
 
 # ---- the contract ---------------------------------------------------------------------------------

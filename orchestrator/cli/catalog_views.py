@@ -111,8 +111,10 @@ def _offers_market(args: argparse.Namespace, catalog: Catalog) -> tuple[OfferTab
         names = [args.provider] if args.provider else list(CLOUD_PROVIDERS)
         live = poll(catalog, names, strict=bool(args.provider))
         if args.live and not live.table.offers:
+            for warning in live.warnings:
+                print(f"warning: {warning}", file=sys.stderr)
             raise UserError(
-                "no cloud could be polled: " + "; ".join(live.warnings),
+                "no cloud could be polled",
                 field="--live",
                 fix="set up the credentials named above, or use --provider local",
             )

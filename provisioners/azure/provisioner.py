@@ -44,6 +44,7 @@ from provisioners.base import (
     Provisioner,
     ProvisionerError,
     SdkMissing,
+    poll_until_events,
     scrub,
 )
 
@@ -221,16 +222,15 @@ class AzureProvisioner(Provisioner):
         self._delete([t for t in known if t.node.state != NodeState.TERMINATED], reason="terminate")
 
     def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
-        deadline_s = time.monotonic() + timeout_s
-        while True:
-            events: list[Event] = []
-            while self._events:
-                events.append(self._events.popleft())
-            events += self._check_live_nodes()
-            left_s = deadline_s - time.monotonic()
-            if events or left_s <= 0 or self._stop.is_set():
-                return events
-            self._stop.wait(min(self.poll_interval_s, left_s))
+        return poll_until_events(
+            self._look, timeout_s=timeout_s, interval_s=self.poll_interval_s, stop=self._stop
+        )
+
+    def _look(self) -> list[Event]:
+        events: list[Event] = []
+        while self._events:
+            events.append(self._events.popleft())
+        return events + self._check_live_nodes()
 
     def close(self) -> None:
         self._stop.set()
@@ -510,4 +510,7 @@ def _default_credential() -> Any:
         raise SdkMissing(
             "azure-identity is not installed", cloud=CLOUD, call="import", fix=SDK_FIX
         ) from error
+    # why: the chain logs its own multi-line warning when it fails; our CredentialsMissing says the
+    # same in one place, with a fix
+    logging.getLogger("azure.identity").setLevel(logging.ERROR)
     return DefaultAzureCredential()

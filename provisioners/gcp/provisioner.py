@@ -35,6 +35,7 @@ from provisioners.base import (
     Offer,
     Provisioner,
     ProvisionerError,
+    poll_until_events,
 )
 from provisioners.gcp import errors, pricing, sdk
 from provisioners.gcp.api import ComputeApi
@@ -335,13 +336,12 @@ class GcpProvisioner(Provisioner):
             self._mark([node_id], NodeState.TERMINATED)
 
     def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            events = self._drain() or self._refresh()
-            left = deadline - time.monotonic()
-            if events or left <= 0 or self._stop.is_set():
-                return events
-            self._stop.wait(min(self.options.poll_interval_s, left))
+        return poll_until_events(
+            lambda: self._drain() or self._refresh(),
+            timeout_s=timeout_s,
+            interval_s=self.options.poll_interval_s,
+            stop=self._stop,
+        )
 
     def close(self) -> None:
         self._stop.set()

@@ -34,6 +34,7 @@ from provisioners.base import (
     Provisioner,
     ProvisionerError,
     Unsupported,
+    poll_until_events,
 )
 from provisioners.skypilot import catalog, credentials
 from provisioners.skypilot.sdk import CLOUD, RequestTimeout, load_sdk, to_error, wait
@@ -435,14 +436,15 @@ class SkyPilotProvisioner(Provisioner):
         ]
 
     def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
-        deadline = time.monotonic() + timeout_s
+        return poll_until_events(
+            self._look,
+            timeout_s=timeout_s,
+            interval_s=self.config.poll_interval_s,
+            stop=self._closed,
+        )
+
+    def _look(self) -> list[Event]:
         self._refresh()
-        while not self._pending and not self._closed.is_set():
-            left_s = deadline - time.monotonic()
-            if left_s <= 0:
-                break
-            self._closed.wait(min(self.config.poll_interval_s, left_s))
-            self._refresh()
         events, self._pending = self._pending, []
         return events
 

@@ -1,0 +1,100 @@
+"""Instances the adapter launched, as AWS describes them: ``Node`` records, and the events that a
+change between two looks at ``describe_instances`` / ``describe_spot_instance_requests`` means.
+
+AWS gives a spot instance about two minutes of warning: its spot request's status turns
+``marked-for-termination`` (a ``PreemptionNotice``), then the instance goes ``shutting-down`` /
+``terminated`` with the state reason ``Server.SpotInstanceTermination`` (``NodeLost`` preempted).
+Any other end we did not ask for is ``NodeLost`` failed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from typing import Any
+
+from provisioners.base import Event, Node, NodeLost, NodeReady, NodeState, PreemptionNotice
+
+NOTICE_WINDOW_S = 120.0  # AWS's documented spot interruption notice
+ALIVE = frozenset({NodeState.PENDING, NodeState.RUNNING, NodeState.PREEMPTING})
+# spot request status codes: the instance is about to be interrupted
+NOTICE_CODES = frozenset({"marked-for-termination", "marked-for-stop", "marked-for-hibernation"})
+# spot request status codes: AWS interrupted the instance
+INTERRUPTED_CODES = frozenset(
+    {
+        "instance-terminated-by-price",
+        "instance-terminated-no-capacity",
+        "instance-terminated-capacity-oversubscribed",
+        "instance-terminated-launch-group-constraint",
+        "instance-stopped-by-price",
+        "instance-stopped-no-capacity",
+        "instance-stopped-capacity-oversubscribed",
+    }
+)
+# instance state reasons of a spot interruption
+SPOT_REASONS = frozenset({"Server.SpotInstanceTermination", "Server.SpotInstanceShutdown"})
+# instance states of a node that no longer works (we launch with terminate-on-interruption)
+GONE_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
+
+
+@dataclass
+class Tracked:
+    """A launched node and what the adapter has already said about it (mutable bookkeeping)."""
+
+    node: Node
+    region: str
+    notice_sent: bool = False
+
+
+def infra_of(region: str, instance: dict[str, Any]) -> str:
+    zone = instance.get("Placement", {}).get("AvailabilityZone")
+    return "/".join(p for p in ("aws", region, zone) if p)
+
+
+def launched_at_s(instance: dict[str, Any]) -> float:
+    launched = instance.get("LaunchTime")
+    return launched.timestamp() if hasattr(launched, "timestamp") else time.time()
+
+
+def transition(
+    tracked: Tracked, instance: dict[str, Any] | None, spot_status: str | None, *, now_s: float
+) -> list[Event]:
+    """Update ``tracked`` from a fresh look at its instance (None: AWS no longer lists it) and its
+    spot request's status code; return the events that change means, notice before loss."""
+    events: list[Event] = []
+    node = tracked.node
+    if spot_status in NOTICE_CODES and not tracked.notice_sent:
+        tracked.notice_sent = True
+        node = replace(node, state=NodeState.PREEMPTING)
+        events.append(
+            PreemptionNotice(
+                node_id=node.node_id, infra=node.infra, deadline_s=now_s + NOTICE_WINDOW_S
+            )
+        )
+    state = instance["State"]["Name"] if instance else "terminated"
+    if instance and instance.get("PrivateIpAddress") and node.address is None:
+        node = replace(node, address=instance["PrivateIpAddress"])
+    if state == "running" and node.state == NodeState.PENDING:
+        node = replace(node, state=NodeState.RUNNING)
+        events.append(NodeReady(node=node))
+    elif state in GONE_STATES:
+        reason = "preempted" if _interrupted(tracked, instance, spot_status) else "failed"
+        node = replace(node, state=NodeState.LOST)
+        events.append(NodeLost(node_id=node.node_id, infra=node.infra, reason=reason))
+    tracked.node = node
+    return events
+
+
+def _interrupted(
+    tracked: Tracked, instance: dict[str, Any] | None, spot_status: str | None
+) -> bool:
+    """Did AWS take this spot node back (rather than it failing)?"""
+    if not tracked.node.spot:
+        return False
+    reason = (instance or {}).get("StateReason", {}).get("Code", "")
+    return (
+        reason in SPOT_REASONS
+        or spot_status in INTERRUPTED_CODES
+        or spot_status in NOTICE_CODES
+        or tracked.notice_sent
+    )

@@ -1,0 +1,493 @@
+"""``AwsProvisioner``: the cloud contract on EC2 through boto3.
+
+Offers come from ``offers.py``; launch is one ``run_instances`` with MinCount = MaxCount (AWS starts
+the whole gang or none), then ``describe_instances`` polling until every node runs, terminating the
+gang if any fails or the deadline passes. Events come from comparing each look at
+``describe_instances`` and ``describe_spot_instance_requests`` with the last (``instances.py``).
+Credentials come only from boto3's chain, through the injected or default Session.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+from provisioners.aws import offers as market
+from provisioners.aws.instances import (
+    ALIVE,
+    GONE_STATES,
+    Tracked,
+    infra_of,
+    launched_at_s,
+    transition,
+)
+from provisioners.aws.sdk import (
+    CLOUD,
+    call,
+    credentials_missing,
+    error_code,
+    error_for,
+    guard_sdk_logs,
+    import_boto3,
+    pages,
+)
+from provisioners.base import (
+    CapacityError,
+    CloudCallError,
+    Event,
+    Feature,
+    LaunchRequest,
+    Node,
+    NodeLost,
+    NodeReady,
+    NodeState,
+    Offer,
+    Provisioner,
+    ProvisionerError,
+    poll_until_events,
+)
+
+log = logging.getLogger(__name__)
+
+# AWS's Deep Learning Base AMI (NVIDIA driver, CUDA) for x86 GPUs; SSM keeps the latest id per region.
+DEFAULT_AMI_PARAMETER = (
+    "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
+)
+GANG_TAG = "geo-orchestrator:gang"
+PRICING_REGION = "us-east-1"  # the Pricing API answers from us-east-1 for every region
+FALLBACK_REGION = "us-east-1"  # where region-less calls go when the session names no region
+SPOT_MARKET = {
+    "MarketType": "spot",
+    "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class AwsConfig:
+    """What the adapter is allowed to look at and launch with."""
+
+    regions: tuple[str, ...] | None = None  # None: every region the account has enabled
+    instance_types: tuple[str, ...] | None = None  # None: every NVIDIA GPU instance type
+    image_id: str | None = None  # one AMI id (AMIs are regional); None: look it up in SSM
+    ami_ssm_parameter: str = DEFAULT_AMI_PARAMETER
+    poll_interval_s: float = 5.0
+    placement_scores: bool = True  # ask get_spot_placement_scores (rate-limited by AWS)
+    on_demand_prices: bool = True  # ask the Pricing API
+
+    def __post_init__(self) -> None:
+        if self.poll_interval_s < 0:
+            raise ValueError(f"poll_interval_s must be >= 0, not {self.poll_interval_s}")
+
+
+class AwsProvisioner(Provisioner):
+    """EC2 GPU instances (spot or on-demand) in any zone boto3 can reach."""
+
+    cloud = CLOUD
+    unsupported: Mapping[Feature, str] = {
+        Feature.AVAILABLE_COUNT: "AWS does not say how many instances it could start; the spot "
+        "placement score (availability_score) is the closest signal it gives",
+        Feature.PREEMPTION_RATE: "AWS has no API for interruption rates (the Spot Instance "
+        "Advisor's frequency bands are a web page, not per zone)",
+    }
+
+    def __init__(
+        self,
+        *,
+        regions: Sequence[str] | None = None,
+        instance_types: Sequence[str] | None = None,
+        session_factory: Callable[[], Any] | None = None,
+        poll_interval_s: float = 5.0,
+        image_id: str | None = None,
+        ami_ssm_parameter: str = DEFAULT_AMI_PARAMETER,
+        placement_scores: bool = True,
+        on_demand_prices: bool = True,
+    ) -> None:
+        self.config = AwsConfig(
+            regions=tuple(regions) if regions else None,
+            instance_types=tuple(instance_types) if instance_types else None,
+            image_id=image_id,
+            ami_ssm_parameter=ami_ssm_parameter,
+            poll_interval_s=poll_interval_s,
+            placement_scores=placement_scores,
+            on_demand_prices=on_demand_prices,
+        )
+        self._session_factory = session_factory
+        self._session: Any = None
+        self._clients: dict[tuple[str, str], Any] = {}
+        self._tracked: dict[str, Tracked] = {}
+        self._pending: list[Event] = []
+        # facts that do not change while we run: GPU types per region, AMI per region, list prices
+        self._gpu_types: dict[str, dict[str, market.GpuInstanceType]] = {}
+        self._launched_types: dict[str, market.GpuInstanceType] = {}  # looked up at launch
+        self._images: dict[str, str] = {}
+        self._on_demand: dict[tuple[str, str], float | None] = {}
+        self._closed = threading.Event()  # set by close(); also what polling waits on
+
+    # ---- sessions and clients -------------------------------------------------------------------
+
+    def _get_session(self) -> Any:
+        if self._session is None:
+            if self._session_factory is not None:
+                self._session = self._session_factory()
+            else:
+                self._session = import_boto3().session.Session()
+        return self._session
+
+    def _client(self, service: str, region: str) -> Any:
+        key = (service, region)
+        if key not in self._clients:
+            self._clients[key] = self._get_session().client(service, region_name=region)
+            guard_sdk_logs()
+        return self._clients[key]
+
+    def check_credentials(self) -> None:
+        if self._get_session().get_credentials() is None:
+            raise credentials_missing("boto3.session.Session.get_credentials")
+
+    # ---- offers ---------------------------------------------------------------------------------
+
+    def offers(
+        self, *, gpus: Collection[str] | None = None, regions: Collection[str] | None = None
+    ) -> list[Offer]:
+        found: list[Offer] = []
+        for region in self._regions():
+            if regions is None or region in regions:
+                found += self._region_offers(region, gpus)
+        return found
+
+    def _regions(self) -> list[str]:
+        if self.config.regions:
+            return list(self.config.regions)
+        home = self._get_session().region_name or FALLBACK_REGION
+        answer = call(self._client("ec2", home), "describe_regions")
+        return sorted(r["RegionName"] for r in answer["Regions"])
+
+    def _region_offers(self, region: str, gpus: Collection[str] | None) -> list[Offer]:
+        ec2 = self._client("ec2", region)
+        if region not in self._gpu_types:
+            self._gpu_types[region] = market.gpu_instance_types(ec2, self.config.instance_types)
+        types = {
+            name: t for name, t in self._gpu_types[region].items() if gpus is None or t.gpu in gpus
+        }
+        if not types:
+            return []
+        zones = market.zones_by_type(ec2, types)
+        now_s = time.time()
+        spot = market.spot_prices(ec2, sorted(zones), now_s=now_s)
+        scores = (
+            market.placement_scores(ec2, region, sorted(zones))
+            if self.config.placement_scores
+            else {}
+        )
+        on_demand = self._on_demand_prices(region, sorted(zones))
+        found = []
+        for name, zone_names in sorted(zones.items()):
+            for zone in zone_names:
+                offer = self._offer(
+                    types[name],
+                    region,
+                    zone,
+                    spot.get((zone, name)),
+                    on_demand.get(name),
+                    scores.get((zone, name)),
+                    now_s,
+                )
+                if offer is not None:
+                    found.append(offer)
+        return found
+
+    @staticmethod
+    def _offer(
+        kind: market.GpuInstanceType,
+        region: str,
+        zone: str,
+        spot: market.SpotPrice | None,
+        on_demand_usd_per_hour: float | None,
+        score: float | None,
+        now_s: float,
+    ) -> Offer | None:
+        if spot is None and on_demand_usd_per_hour is None:
+            return None  # nothing to plan with: neither market has a price here
+        return Offer(
+            cloud=CLOUD,
+            region=region,
+            zone=zone,
+            instance_type=kind.instance_type,
+            gpu=kind.gpu,
+            gpus_per_node=kind.gpus_per_node,
+            vcpus=kind.vcpus,
+            memory_gib=kind.memory_gib,
+            on_demand_usd_per_hour=on_demand_usd_per_hour,
+            spot_usd_per_hour=spot.usd_per_hour if spot else None,
+            availability_score=score,
+            observed_at_s=spot.observed_at_s if spot else now_s,
+            source="+".join(
+                call_name
+                for call_name, value in (
+                    ("ec2.describe_spot_price_history", spot),
+                    ("pricing.get_products", on_demand_usd_per_hour),
+                )
+                if value is not None
+            ),
+        )
+
+    def _on_demand_prices(self, region: str, types: Sequence[str]) -> dict[str, float | None]:
+        """List prices, cached for the adapter's life; the first refusal stops asking (one log)."""
+        if self.config.on_demand_prices:
+            pricing = self._client("pricing", PRICING_REGION)
+            for name in types:
+                if (region, name) in self._on_demand:
+                    continue
+                try:
+                    self._on_demand[(region, name)] = market.on_demand_price(pricing, region, name)
+                except ProvisionerError as error:
+                    log.warning("aws: no on-demand prices for %s (%s)", region, error.message)
+                    break
+        return {name: self._on_demand.get((region, name)) for name in types}
+
+    # ---- launch ---------------------------------------------------------------------------------
+
+    def launch(self, request: LaunchRequest) -> list[Node]:
+        region, zone = _location(request)
+        ec2 = self._client("ec2", region)
+        params = self._run_params(request, zone, self._image(region))
+        reply = call(ec2, "run_instances", **params)  # all or none: MinCount == MaxCount
+        ids = [i["InstanceId"] for i in reply["Instances"]]
+        try:
+            running = self._wait_running(ec2, ids, request)
+        except BaseException:
+            self._abandon(region, ids, request)
+            raise
+        nodes = [self._node(request, region, instance) for instance in running]
+        for node in nodes:
+            self._tracked[node.node_id] = Tracked(node=node, region=region)
+            self._pending.append(NodeReady(node=node))
+        return nodes
+
+    def _run_params(self, request: LaunchRequest, zone: str | None, image: str) -> dict[str, Any]:
+        tags = [{"Key": GANG_TAG, "Value": request.gang}, {"Key": "Name", "Value": request.gang}]
+        tags += [{"Key": k, "Value": v} for k, v in request.labels]
+        params: dict[str, Any] = {
+            "ImageId": image,
+            "InstanceType": request.instance_type,
+            "MinCount": request.count,
+            "MaxCount": request.count,
+            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
+        }
+        if zone:
+            params["Placement"] = {"AvailabilityZone": zone}
+        if request.spot:
+            params["InstanceMarketOptions"] = SPOT_MARKET
+        return params
+
+    def _image(self, region: str) -> str:
+        if self.config.image_id:
+            return self.config.image_id
+        if region not in self._images:
+            ssm = self._client("ssm", region)
+            try:
+                answer = call(ssm, "get_parameter", Name=self.config.ami_ssm_parameter)
+            except ProvisionerError as error:
+                raise CloudCallError(
+                    f"no AMI id under the SSM parameter {self.config.ami_ssm_parameter} in "
+                    f"{region}: {error.message}",
+                    cloud=CLOUD,
+                    call="ssm.get_parameter",
+                    fix="pass image_id='ami-...' (an AMI of this region with NVIDIA drivers) or "
+                    "ami_ssm_parameter='/aws/service/...' to AwsProvisioner",
+                ) from None
+            self._images[region] = answer["Parameter"]["Value"]
+        return self._images[region]
+
+    def _describe(self, ec2: Any, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The instances among ``ids`` that AWS lists now. A filter rather than InstanceIds: right
+        after run_instances, or long after termination, an id may be unknown, which is not an error."""
+        filters = [{"Name": "instance-id", "Values": list(ids)}]
+        found = pages(ec2, "describe_instances", "Reservations", Filters=filters)
+        return {i["InstanceId"]: i for reservation in found for i in reservation["Instances"]}
+
+    def _wait_running(
+        self, ec2: Any, ids: list[str], request: LaunchRequest
+    ) -> list[dict[str, Any]]:
+        """Poll until every instance runs; raise if one ends or ``request.timeout_s`` passes."""
+        deadline = time.monotonic() + request.timeout_s
+        while True:
+            seen = self._describe(ec2, ids)
+            for instance in seen.values():
+                if instance["State"]["Name"] in GONE_STATES:
+                    raise _start_failure(instance, request)
+            if len(seen) == len(ids) and all(
+                i["State"]["Name"] == "running" for i in seen.values()
+            ):
+                return [seen[i] for i in ids]
+            left_s = deadline - time.monotonic()
+            if left_s <= 0:
+                raise CapacityError(
+                    f"{len(ids)} x {request.instance_type} in {request.infra} did not all reach "
+                    f"'running' within {request.timeout_s:g} s",
+                    cloud=CLOUD,
+                    call="ec2.describe_instances",
+                    fix="try another zone or region, or give the launch a longer timeout_s",
+                )
+            self._closed.wait(min(self.config.poll_interval_s, left_s))
+
+    def _abandon(self, region: str, ids: list[str], request: LaunchRequest) -> None:
+        """Terminate a gang that failed to start; if even that fails, keep tracking its nodes so
+        that ``nodes()`` shows them and a later ``terminate`` can retry."""
+        try:
+            self._terminate_in(region, ids)
+            return
+        except ProvisionerError as error:
+            log.error(
+                "aws: could not terminate the failed gang %s (%s): %s",
+                request.gang,
+                ", ".join(ids),
+                error,
+            )
+        for node_id in ids:
+            node = Node(
+                node_id=node_id, gang=request.gang, infra=request.infra,
+                instance_type=request.instance_type, gpu=request.gpu,
+                gpus=self._gpus_per_node(region, request.instance_type), spot=request.spot, state=NodeState.PENDING, labels=request.labels,
+            )  # fmt: skip
+            self._tracked[node_id] = Tracked(node=node, region=region)
+
+    def _gpus_per_node(self, region: str, instance_type: str) -> int:
+        """From the offers' cache, or one describe_instance_types when launching before offers()."""
+        if instance_type not in self._gpu_types.get(region, {}):
+            ec2 = self._client("ec2", region)
+            self._launched_types.update(market.gpu_instance_types(ec2, [instance_type]))
+        kind = self._gpu_types.get(region, {}).get(instance_type) or self._launched_types.get(
+            instance_type
+        )
+        return kind.gpus_per_node if kind else 0
+
+    def _node(self, request: LaunchRequest, region: str, instance: dict[str, Any]) -> Node:
+        return Node(
+            node_id=instance["InstanceId"],
+            gang=request.gang,
+            infra=infra_of(region, instance),
+            instance_type=request.instance_type,
+            gpu=request.gpu,
+            gpus=self._gpus_per_node(region, request.instance_type),
+            spot=request.spot,
+            state=NodeState.RUNNING,
+            address=instance.get("PrivateIpAddress"),
+            launched_at_s=launched_at_s(instance),
+            labels=request.labels,
+        )
+
+    # ---- nodes, terminate, events ---------------------------------------------------------------
+
+    def nodes(self, *, gang: str | None = None) -> list[Node]:
+        self._observe()
+        return [t.node for t in self._tracked.values() if gang is None or t.node.gang == gang]
+
+    def terminate(self, node_ids: Sequence[str]) -> None:
+        by_region: dict[str, list[str]] = {}
+        for node_id in dict.fromkeys(node_ids):
+            tracked = self._tracked.get(node_id)
+            if tracked is None or tracked.node.state not in ALIVE:
+                log.debug("aws: %s is unknown or already gone; nothing to terminate", node_id)
+                continue
+            by_region.setdefault(tracked.region, []).append(node_id)
+        for region, ids in by_region.items():
+            self._terminate_in(region, ids)
+            for node_id in ids:
+                tracked = self._tracked[node_id]
+                tracked.node = replace(tracked.node, state=NodeState.TERMINATED)
+                self._pending.append(
+                    NodeLost(node_id=node_id, infra=tracked.node.infra, reason="terminated")
+                )
+
+    def _terminate_in(self, region: str, ids: Sequence[str]) -> None:
+        """terminate_instances, ignoring ids AWS no longer knows (one unknown id fails a batch, so
+        the batch is retried one by one)."""
+        ec2 = self._client("ec2", region)
+        try:
+            call(ec2, "terminate_instances", InstanceIds=list(ids))
+        except ProvisionerError as error:
+            if error_code(error) != "InvalidInstanceID.NotFound":
+                raise
+            for node_id in ids if len(ids) > 1 else ():
+                self._terminate_in(region, [node_id])
+
+    def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
+        return poll_until_events(
+            self._look,
+            timeout_s=timeout_s,
+            interval_s=self.config.poll_interval_s,
+            stop=self._closed,
+        )
+
+    def _look(self) -> list[Event]:
+        self._observe()
+        events, self._pending = self._pending, []
+        return events
+
+    def _observe(self) -> None:
+        """One look at every live node; queue the events its changes mean."""
+        by_region: dict[str, list[Tracked]] = {}
+        for tracked in self._tracked.values():
+            if tracked.node.state in ALIVE:
+                by_region.setdefault(tracked.region, []).append(tracked)
+        for region, group in by_region.items():
+            ec2 = self._client("ec2", region)
+            ids = [t.node.node_id for t in group]
+            statuses = self._spot_statuses(ec2, [t.node.node_id for t in group if t.node.spot])
+            instances = self._describe(ec2, ids)
+            now_s = time.time()
+            for tracked in group:
+                node_id = tracked.node.node_id
+                self._pending += transition(
+                    tracked, instances.get(node_id), statuses.get(node_id), now_s=now_s
+                )
+
+    def _spot_statuses(self, ec2: Any, ids: Sequence[str]) -> dict[str, str]:
+        """Spot request status code per instance id (where the notice shows first). Without the
+        permission to read spot requests, losses are still seen, only without notice: log it."""
+        if not ids:
+            return {}
+        filters = [{"Name": "instance-id", "Values": list(ids)}]
+        try:
+            requests = pages(
+                ec2, "describe_spot_instance_requests", "SpotInstanceRequests", Filters=filters
+            )
+            return {
+                r["InstanceId"]: r.get("Status", {}).get("Code", "")
+                for r in requests
+                if r.get("InstanceId")
+            }
+        except ProvisionerError as error:
+            log.warning(
+                "aws: cannot read spot requests, so no preemption notices: %s", error.message
+            )
+            return {}
+
+    def close(self) -> None:
+        self._closed.set()
+
+
+def _location(request: LaunchRequest) -> tuple[str, str | None]:
+    """(region, zone or None) from ``aws/<region>[/<zone>]``."""
+    parts = request.infra.split("/")
+    if parts[0] != CLOUD or len(parts) > 3:
+        raise ValueError(f"infra {request.infra!r} is not aws/<region>[/<zone>]")
+    return parts[1], (parts[2] if len(parts) == 3 else None)
+
+
+def _start_failure(instance: dict[str, Any], request: LaunchRequest) -> ProvisionerError:
+    """The typed error for an instance of the gang that ended before running."""
+    reason = instance.get("StateReason", {})
+    code = str(reason.get("Code", "")).removeprefix("Server.").removeprefix("Client.")
+    message = (
+        f"{instance['InstanceId']} ({request.instance_type} in {request.infra}) ended before "
+        f"running: {reason.get('Message') or instance['State']['Name']}"
+    )
+    if code == "SpotInstanceTermination":  # spot capacity left while we were starting
+        code = "InsufficientInstanceCapacity"
+    return error_for(code or "InstanceEnded", message, call="ec2.describe_instances")
