@@ -18,7 +18,6 @@ catalog and the model profile live with the simulator.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,6 +32,24 @@ from orchestrator.yamlsrc import YamlDoc, YamlSyntaxError, load_yaml_text, path_
 
 class PlanError(UserError):
     """A plan is malformed or impossible; names the file, line and field when it came from YAML."""
+
+
+class _cached:
+    """``functools.cached_property`` without its lock: Python 3.11 takes a lock on every first
+    access, a cost the planner pays several times per candidate plan; plans are built and read by
+    one thread."""
+
+    def __init__(self, compute) -> None:
+        self.compute, self.__doc__ = compute, compute.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, plan, owner: type | None = None):
+        if plan is None:
+            return self
+        value = plan.__dict__[self.name] = self.compute(plan)
+        return value
 
 
 def _help(text: str, **kwargs):
@@ -116,18 +133,18 @@ class Plan:
         default=None,
     )
 
-    @functools.cached_property
+    @_cached
     def warmup(self) -> tuple[int, ...]:
         """Warm-up forwards per stage: the plan's, or standard 1F1B's ``P - s - 1``."""
         if self.pipeline_warmup is not None:
             return self.pipeline_warmup
         return tuple(self.num_stages - s - 1 for s in range(self.num_stages))
 
-    @functools.cached_property
+    @_cached
     def num_stages(self) -> int:
         return len(self.stages)
 
-    @functools.cached_property
+    @_cached
     def dp_degree(self) -> int:
         return len(self.stages[0].replicas)
 
@@ -143,7 +160,7 @@ class Plan:
         """Microbatches each pipeline runs per iteration."""
         return self._microbatches
 
-    @functools.cached_property
+    @_cached
     def _microbatches(self) -> tuple[int, ...]:
         if self.pipeline_microbatches is not None:
             return self.pipeline_microbatches
@@ -204,7 +221,7 @@ class Plan:
             plan.__dict__["_shape"] = (tuple(kinds), tuple(kind_of), tuple(groups))
         return plan
 
-    @functools.cached_property
+    @_cached
     def _shape(self) -> tuple[tuple, tuple, tuple]:
         kinds, kind_of = [], []
         for stage in self.stages:

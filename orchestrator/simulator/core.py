@@ -49,11 +49,18 @@ def simulate(
 ) -> Estimate:
     """Predict ``plan`` for the model of ``profile``; raise UserError if the plan cannot run."""
     mbs, element = plan.microbatch_size, profile.element_bytes
-    # per stage, per kind of replica: (forward, backward, update) seconds for one microbatch and the
-    # bytes of the activation it sends on
+    scheme = (plan.allreduce, plan.compression) if plan.dp_degree > 1 else None
+    table = _entry_table(profile, settings)
+    # per stage, per kind of replica: one entry (see ``_new_entry``)
     compute = [
-        [_stage_entry(profile, r.gpu, mbs, r.tp, *stage.layers) for r, _ in kinds]
-        for stage, kinds in zip(plan.stages, plan.stage_kinds, strict=True)
+        [
+            table.get((r.gpu, mbs, r.tp, start, end, scheme))
+            or _new_entry(table, profile, plan, s, r, settings, scheme)
+            for r, _ in kinds
+        ]
+        for s, ((start, end), kinds) in enumerate(
+            zip([stage.layers for stage in plan.stages], plan.stage_kinds, strict=True)
+        )
     ]
     egress: dict[tuple[str, str], float] = defaultdict(float)  # bytes per iteration
     pipelines = [
@@ -63,18 +70,26 @@ def simulate(
     rows = []  # per stage: forward, backward, update, send, sync, exposed sync, finish
     last = plan.num_stages - 1
     overlap, bucket = settings.overlap_grad_sync, settings.bucket_bytes
+    micro = plan.microbatches()
     # Erben et al.'s granularity terms: seconds computing and seconds communicating per iteration on
     # the busiest GPU, counted without overlap (its stage's work; its all-reduce and its transfers)
-    most, busy_s, talk_s, received = max(plan.microbatches()), 0.0, 0.0, 0.0
-    for s, stage in enumerate(plan.stages):
-        times = compute[s]
-        gradient = profile.stage_gradient_elements(*stage.layers, stage.replicas[0].tp) * element
+    most, busy_s, talk_s, received = max(micro), 0.0, 0.0, 0.0
+    warmup, peak, oom, gpus = plan.warmup, 0.0, False, set()
+    for s, entries in enumerate(compute):
+        gradient = entries[0][4]
         sync = _sync(plan, s, gradient, element, network, egress)
         forward = backward = update = 0.0
-        for t in times:
+        # a stage holds its warm-up + 1 microbatches, at most as many as its pipeline runs
+        flights = warmup[s] + 1 if warmup[s] + 1 < most else most
+        for t in entries:
             forward = t[0] if t[0] > forward else forward
             backward = t[1] if t[1] > backward else backward
             update = t[2] if t[2] > update else update
+            total = t[5] + t[6] * flights
+            peak = total if total > peak else peak
+            if total > t[7]:
+                oom = True
+            gpus.add(t[8])
         # all-reduce time the last backward does not hide (buckets go while it runs; the last cannot)
         exposed = sync
         if sync > 0 and overlap:
@@ -94,20 +109,52 @@ def simulate(
     iteration = max(row[6] for row in rows)
     slowest = max((p for p, _ in pipelines), key=lambda p: p.makespan_s)
     return _estimate(
-        profile, plan, prices, settings, rows, slowest, iteration, egress, (busy_s, talk_s)
+        profile,
+        plan,
+        prices,
+        settings,
+        rows,
+        slowest,
+        iteration,
+        egress,
+        granularity_terms=(busy_s, talk_s),
+        memory=(peak, oom, frozenset(gpus)),
     )
 
 
-def _stage_entry(
-    profile: ModelProfile, gpu: str, mbs: int, tp: int, start: int, end: int
-) -> tuple[float, float, float, float]:
-    """(forward s, backward s, update s, bytes sent to the next stage) of one microbatch of layers
-    [start, end) on ``gpu`` at TP degree ``tp``: one lookup in the planner's inner loop."""
-    key = ("entry", gpu, mbs, tp, start, end)
-    entry = profile._cache.get(key)
-    if entry is None:
-        sent = profile.stage_facts(tp, start, end)[3] * mbs * profile.element_bytes
-        entry = profile._cache[key] = (*profile.stage_times(gpu, mbs, tp, start, end), sent)
+def _entry_table(profile: ModelProfile, settings: SimulatorSettings) -> dict:
+    """The profile's stage entries under ``settings`` (memory depends on them)."""
+    entry = profile._cache.get(("entries", id(settings)))
+    if entry is None or entry[0] is not settings:  # holding ``settings`` keeps its id unique
+        entry = profile._cache[("entries", id(settings))] = (settings, {})
+    return entry[1]
+
+
+def _new_entry(
+    table: dict,
+    profile: ModelProfile,
+    plan: Plan,
+    s: int,
+    replica,
+    settings: SimulatorSettings,
+    scheme: tuple | None,
+) -> tuple[float, ...]:
+    """What the planner's inner loop needs of stage ``s`` on one kind of replica, in one lookup
+    keyed by (GPU, microbatch size, TP, layers, sync scheme): forward, backward and update seconds
+    of one microbatch; bytes of the activation it sends on; bytes of the whole stage's gradient;
+    per-GPU memory as ``fixed + per_flight * microbatches in flight`` (memory.py is linear in the
+    activations kept); the GPU's memory; its name."""
+    gpu, tp, mbs = replica.gpu, replica.tp, plan.microbatch_size
+    start, end = plan.stages[s].layers
+    element = profile.element_bytes
+    sent = profile.stage_facts(tp, start, end)[3] * mbs * element
+    gradient = profile.stage_gradient_elements(start, end, tp) * element
+    fixed = sum(memory_terms(profile, plan, s, gpu, tp, 0, settings))
+    per_flight = sum(memory_terms(profile, plan, s, gpu, tp, 1, settings)) - fixed
+    capacity = settings.gpu_memory_bytes[gpu]
+    times = profile.stage_times(gpu, mbs, tp, start, end)
+    entry = (*times, sent, gradient, fixed, per_flight, capacity, gpu)
+    table[(gpu, mbs, tp, start, end, scheme)] = entry
     return entry
 
 
@@ -165,9 +212,16 @@ def latency_aware_plan_warmup(
 ) -> tuple[int, ...]:
     """Warm-ups that keep every pipeline of ``plan`` paced by its slowest stage rather than by the
     round trips of its links (the largest any pipeline needs, stage by stage)."""
-    mbs = plan.microbatch_size
+    mbs, element = plan.microbatch_size, profile.element_bytes
+    # per stage, per kind: forward, backward, update seconds, bytes sent on (as ``_new_entry``)
     compute = [
-        [_stage_entry(profile, r.gpu, mbs, r.tp, *stage.layers) for r, _ in kinds]
+        [
+            (
+                *profile.stage_times(r.gpu, mbs, r.tp, *stage.layers),
+                profile.stage_facts(r.tp, *stage.layers)[3] * mbs * element,
+            )
+            for r, _ in kinds
+        ]
         for stage, kinds in zip(plan.stages, plan.stage_kinds, strict=True)
     ]
     warmup = list(plan.warmup)
@@ -232,10 +286,12 @@ def _estimate(
     slowest: PipelineTime,
     iteration: float,
     egress: dict,
+    *,
     granularity_terms: tuple[float, float],
+    memory: tuple[float, bool, frozenset],
 ) -> Estimate:
     micro = plan.microbatches()
-    peak, oom, gpus = _peak_memory(profile, plan, settings)
+    peak, oom, gpus = memory
     per_hour = prices.hourly_usd(plan.stage_kinds)
     price = prices.egress_usd_per_byte
     egress_usd = sum(size * price(src, dst) for (src, dst), size in egress.items())
@@ -270,40 +326,6 @@ def _estimate(
         profile_sources=by_gpu,
         breakdown_fn=breakdown,
     )
-
-
-def _peak_memory(
-    profile: ModelProfile, plan: Plan, settings: SimulatorSettings
-) -> tuple[float, bool, frozenset]:
-    """The largest per-GPU memory of any replica, whether any replica runs out, and the plan's GPU
-    types. Totals are kept per settings object in the profile's cache: across the planner's plans
-    the same (layers, GPU, TP, microbatch size, microbatches in flight, sync scheme) recur."""
-    entry = profile._cache.get(("memory", id(settings)))
-    if entry is None or entry[0] is not settings:  # holding ``settings`` keeps its id unique
-        entry = profile._cache[("memory", id(settings))] = (settings, {})
-    table = entry[1]
-    capacity = settings.gpu_memory_bytes
-    mbs, warmup = plan.microbatch_size, plan.warmup
-    scheme = (plan.allreduce, plan.compression) if plan.dp_degree > 1 else None
-    distinct_micro = set(plan.microbatches())
-    oom, peak, gpus = False, 0.0, set()
-    for s, (stage, kinds) in enumerate(zip(plan.stages, plan.stage_kinds, strict=True)):
-        start, end = stage.layers
-        # microbatches in flight: the warm-up plus one, unless a pipeline has fewer microbatches
-        flights = {min(warmup[s] + 1, m): m for m in distinct_micro}
-        for replica, _ in kinds:
-            gpu, tp = replica.gpu, replica.tp
-            gpus.add(gpu)
-            for in_flight, m in flights.items():
-                key = (start, end, gpu, tp, mbs, in_flight, scheme)
-                total = table.get(key)
-                if total is None:
-                    total = table[key] = sum(memory_terms(profile, plan, s, gpu, tp, m, settings))
-                if total > peak:
-                    peak = total
-                if total > capacity[gpu]:
-                    oom = True
-    return peak, oom, frozenset(gpus)
 
 
 def _sources_used(
