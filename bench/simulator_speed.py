@@ -9,7 +9,8 @@ replicas, two readings for each of two kinds of plan:
 (b) a stream of distinct plans as a planner's search produces them: a random split of the 26
     layers into 4 stages, a random microbatch size (1, 2 or 4 of a global batch of 1024, so 32-128
     microbatches per pipeline); only static tables are reused (profile prefix sums, link and price
-    lookups, collective costs per data-parallel group), as in the planner's inner loop.
+    lookups, collective costs per data-parallel group), as in the planner's inner loop, which
+    also keeps one Replica object per (GPU, TP, place, spot) (planner/candidates.py), as here.
 Kinds of plan: 8 identical pipelines of one GPU type in one zone; or two kinds of pipeline (GPU type
 and zone) in a random proportion, in half of the plans alternating two zones from stage to stage so
 that activations cross zones.
@@ -41,6 +42,7 @@ def make_plans(count: int, seed: int, *, mixed: bool = True) -> list[Plan]:
     identical pipelines of one GPU type in one zone."""
     rng = random.Random(seed)
     plans = []
+    replicas: dict[tuple[str, str], Replica] = {}  # one object per kind, as the planner keeps them
     for _ in range(count):
         cuts = sorted(rng.sample(range(1, 26), 3))
         bounds = [0, *cuts, 26]
@@ -52,7 +54,10 @@ def make_plans(count: int, seed: int, *, mixed: bool = True) -> list[Plan]:
             row = []
             for s in range(4):
                 here = ZONES[(ZONES.index(zone) + 1) % len(ZONES)] if cross and s % 2 else zone
-                row.append(Replica(gpu=gpu, tp=1, infra=f"gcp/us-central1/{here}", spot=True))
+                key = (gpu, here)
+                if key not in replicas:
+                    replicas[key] = Replica(gpu=gpu, tp=1, infra=f"gcp/us-central1/{here}", spot=True)
+                row.append(replicas[key])
             pipelines.append((count_of_kind, row))
         plan = Plan.from_pipelines(
             global_batch_size=1024,
