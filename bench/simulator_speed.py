@@ -56,7 +56,9 @@ def make_plans(count: int, seed: int, *, mixed: bool = True) -> list[Plan]:
                 here = ZONES[(ZONES.index(zone) + 1) % len(ZONES)] if cross and s % 2 else zone
                 key = (gpu, here)
                 if key not in replicas:
-                    replicas[key] = Replica(gpu=gpu, tp=1, infra=f"gcp/us-central1/{here}", spot=True)
+                    replicas[key] = Replica(
+                        gpu=gpu, tp=1, infra=f"gcp/us-central1/{here}", spot=True
+                    )
                 row.append(replicas[key])
             pipelines.append((count_of_kind, row))
         plan = Plan.from_pipelines(
@@ -107,20 +109,26 @@ def main() -> None:
             f"{median / TARGET_PER_S:.2f}x the {TARGET_PER_S:,}/s target"
         )
 
-    for mixed in (False, True):
-        kind = "two kinds of pipeline, half crossing zones" if mixed else "one GPU type in one zone"
-        # (a) one plan estimated again and again, rebuilt each time the way a planner builds plans
-        # (Plan.from_pipelines), so nothing is cached on the plan object
-        template = make_plans(1, seed=99, mixed=mixed)[0]
-        report(
-            f"same plan, {kind}",
-            [rate([rebuild(template) for _ in range(args.plans)]) for _ in range(args.repeat)],
-        )
-        # (b) a stream of distinct plans, as a planner's search produces them
-        report(
-            f"distinct plans, {kind}",
-            [rate(make_plans(args.plans, seed=r, mixed=mixed)) for r in range(args.repeat)],
-        )
+    # The four readings are taken in turn within each repeat, so that they see the same state of
+    # this (noisy, shared) VM; medians over repeats.
+    readings: dict[str, list[float]] = {}
+    for r in range(args.repeat):
+        for mixed in (False, True):
+            kind = (
+                "two kinds of pipeline, half crossing zones"
+                if mixed
+                else "one GPU type in one zone"
+            )
+            # (a) one plan estimated again and again, rebuilt each time the way a planner builds
+            # plans (Plan.from_pipelines), so nothing is cached on the plan object
+            template = make_plans(1, seed=99, mixed=mixed)[0]
+            same = [rebuild(template) for _ in range(args.plans)]
+            readings.setdefault(f"same plan, {kind}", []).append(rate(same))
+            # (b) a stream of distinct plans, as a planner's search produces them
+            distinct = make_plans(args.plans, seed=r, mixed=mixed)
+            readings.setdefault(f"distinct plans, {kind}", []).append(rate(distinct))
+    for label, rates in readings.items():
+        report(label, rates)
 
 
 if __name__ == "__main__":
