@@ -1,0 +1,33 @@
+"""Plan → Layout: the one place where the orchestrator's plan becomes the runtime's topology."""
+
+from __future__ import annotations
+
+from orchestrator.errors import UserError
+from orchestrator.plan import Plan
+from runtime.layout import Layout, WorkerSpec
+
+
+def layout_from_plan(plan: Plan, *, model: str, device: str = "cpu") -> Layout:
+    """The runtime's view of ``plan``: one worker per replica of each stage, stage-major ranks."""
+    wide = sorted({r.tp for stage in plan.stages for r in stage.replicas if r.tp > 1})
+    if wide:
+        raise UserError(
+            f"the runtime does not run tensor parallelism yet (tp={wide[0]} in the plan)",
+            field="tp",
+            fix="plan with tp: 1 (the planner's constraints: tp_degrees: [1])",
+        )
+    micro = plan.microbatches()
+    workers = tuple(
+        WorkerSpec(stage=s, replica=i, place=replica.infra, device=device, microbatches=micro[i])
+        for s, stage in enumerate(plan.stages)
+        for i, replica in enumerate(stage.replicas)
+    )
+    return Layout(
+        model=model,
+        layers=tuple(tuple(stage.layers) for stage in plan.stages),
+        workers=workers,
+        microbatch_size=plan.microbatch_size,
+        warmup=plan.warmup,
+        allreduce=plan.allreduce,
+        compression=plan.compression,
+    )
