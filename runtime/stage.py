@@ -1,0 +1,156 @@
+"""One worker's training step: its layers of one pipeline stage, 1F1B over its microbatches, then the
+gradient sync of its data-parallel group and the optimizer step. A plain class (Ray wraps it in
+actor.py), driven by ``train_step(step)``.
+
+Samples are drawn by index (data/text.py), so no stage waits for data from another: pipeline ``i``
+takes the ``i``-th contiguous share of the step's global batch, in microbatches, on its first stage
+(inputs) and last stage (targets). Each microbatch's loss is scaled by ``microbatch_size /
+global_batch_size``, so summing gradients over microbatches and replicas gives the global mean,
+as in the single-process reference (reference.py).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from runtime.comm import Comm
+from runtime.data.text import ByteCorpus
+from runtime.layout import Layout, LayoutError
+from runtime.models.gpt import build_layers, next_token_loss
+from runtime.models.specs import model_spec
+from runtime.reference import TrainConfig, make_optimizer
+
+
+def one_f_one_b(microbatches: int, warmup: int) -> list[tuple[str, int]]:
+    """The order of a stage's operations: ``warmup`` forwards, then one forward and one backward
+    in turn, then the remaining backwards (PipeDream-flush 1F1B)."""
+    w = min(warmup, microbatches)
+    order = [("F", j) for j in range(w)]
+    for j in range(microbatches - w):
+        order += [("F", w + j), ("B", j)]
+    return order + [("B", j) for j in range(microbatches - w, microbatches)]
+
+
+class StageRunner:
+    def __init__(
+        self, layout: Layout, rank: int, *, config: TrainConfig, corpus: ByteCorpus, comm: Comm
+    ) -> None:
+        if layout.compression != "none":
+            raise LayoutError(
+                f"compression {layout.compression!r} is not in the runtime yet: use none"
+            )
+        worker = layout.workers[rank]
+        self.layout, self.rank, self.config, self.corpus, self.comm = (
+            layout,
+            rank,
+            config,
+            corpus,
+            comm,
+        )
+        self.stage, self.replica, self.microbatches = (
+            worker.stage,
+            worker.replica,
+            worker.microbatches,
+        )
+        self.spec = model_spec(layout.model)
+        # every worker builds the whole model from the seed and keeps its stage: identical weights
+        # everywhere without a broadcast (fine for the built-in sizes the CPU runtime trains)
+        layers = build_layers(self.spec, seed=config.seed)
+        start, end = layout.layers[self.stage]
+        self.module = nn.Sequential(*layers[start:end])
+        self.parameters = list(self.module.parameters())
+        self.optimizer = make_optimizer(self.parameters, config)
+        self.first, self.last = self.stage == 0, self.stage == layout.num_stages - 1
+        self.tied = self._tied_parameter(layers) if layout.num_stages > 1 else None
+        mbs = layout.microbatch_size
+        self.sample_offset = mbs * sum(
+            layout.worker(0, i).microbatches for i in range(self.replica)
+        )
+        self.activation_shape = (mbs, self.spec.seq_len, self.spec.hidden_size)
+
+    def _tied_parameter(self, layers: list[nn.Module]) -> nn.Parameter | None:
+        """The tied embedding/head weight if this stage holds one of its two uses."""
+        if not self.spec.tied_embeddings or not (self.first or self.last):
+            return None
+        return layers[0].tokens.weight
+
+    def train_step(self, step: int) -> float | None:
+        """One optimizer step; the last stage returns its pipeline's share of the loss."""
+        self.optimizer.zero_grad(set_to_none=True)
+        kept: dict[int, tuple] = {}
+        loss_sum = 0.0
+        for kind, j in one_f_one_b(self.microbatches, self.layout.warmup[self.stage]):
+            if kind == "F":
+                kept[j] = self._forward(step, j)
+                if self.last:
+                    loss_sum += kept[j][1].item()
+            else:
+                self._backward(*kept.pop(j))
+        self.comm.finish_sends()
+        self._sync_gradients()
+        self.optimizer.step()
+        return loss_sum if self.last else None
+
+    def _samples(self, step: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        mbs = self.layout.microbatch_size
+        first = step * self.config.global_batch_size + self.sample_offset + j * mbs
+        return self.corpus.samples(first, mbs, seq_len=self.spec.seq_len, seed=self.config.seed)
+
+    def _forward(self, step: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        layout = self.layout
+        if self.first:
+            inputs = self._samples(step, j)[0]
+        else:
+            source = layout.rank(self.stage - 1, self.replica)
+            inputs = self.comm.recv(
+                self.activation_shape, torch.float32, source, phase="p2p_forward"
+            )
+            inputs.requires_grad_()
+        outputs = self.module(inputs)
+        if self.last:
+            scale = layout.microbatch_size / self.config.global_batch_size
+            return inputs, next_token_loss(outputs, self._samples(step, j)[1]) * scale
+        self.comm.send(outputs.detach(), layout.rank(self.stage + 1, self.replica))
+        return inputs, outputs
+
+    def _backward(self, inputs: torch.Tensor, outputs: torch.Tensor) -> None:
+        layout = self.layout
+        if self.last:
+            outputs.backward()
+        else:
+            source = layout.rank(self.stage + 1, self.replica)
+            grad = self.comm.recv(tuple(outputs.shape), outputs.dtype, source, phase="p2p_backward")
+            outputs.backward(grad)
+        if not self.first:
+            self.comm.send(inputs.grad, layout.rank(self.stage - 1, self.replica))
+
+    def _sync_gradients(self) -> None:
+        """Sum gradients over the stage's replicas (flat ring, or zone → region → across regions
+        and back), then the tied weight's two uses over the pipeline's first and last stage."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.parameters]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        layout, s = self.layout, self.stage
+        if layout.allreduce == "flat":
+            self.comm.all_reduce(flat, layout.dp_group(s))
+        else:
+            self._hierarchical(flat)
+        offset = 0
+        for p, g in zip(self.parameters, grads, strict=True):
+            p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
+            offset += g.numel()
+        if self.tied is not None:
+            pipeline = layout.pipeline(self.replica)
+            self.comm.all_reduce(self.tied.grad, (pipeline[0], pipeline[-1]))
+
+    def _hierarchical(self, flat: torch.Tensor) -> None:
+        layout, s, rank = self.layout, self.stage, self.rank
+        zone = next(g for g in layout.zone_groups(s) if rank in g)
+        self.comm.reduce(flat, zone)
+        if rank == zone[0]:
+            region = next(g for g in layout.region_groups(s) if rank in g)
+            self.comm.reduce(flat, region)
+            if rank == region[0]:
+                self.comm.all_reduce(flat, layout.cross_region_group(s))
+            self.comm.broadcast(flat, region)
+        self.comm.broadcast(flat, zone)
