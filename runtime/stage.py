@@ -92,6 +92,28 @@ class StageRunner:
         self.optimizer.step()
         return loss_sum if self.last else None
 
+    def state_dict(self) -> dict:
+        """What resuming this worker needs: weights, optimizer state, RNG. The data position is the
+        step itself (sample ``k`` depends on the seed and ``k`` only)."""
+        return {
+            "stage": self.stage,
+            "replica": self.replica,
+            "layers": self.layout.layers[self.stage],
+            "module": self.module.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "torch_rng": torch.random.get_rng_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        if tuple(state["layers"]) != tuple(self.layout.layers[self.stage]):
+            raise LayoutError(
+                f"checkpoint holds layers {state['layers']}, this stage runs "
+                f"{self.layout.layers[self.stage]}: restore with the layout it was written by"
+            )
+        self.module.load_state_dict(state["module"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        torch.random.set_rng_state(state["torch_rng"])
+
     def _samples(self, step: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         mbs = self.layout.microbatch_size
         first = step * self.config.global_batch_size + self.sample_offset + j * mbs

@@ -1,0 +1,139 @@
+"""Where the runtime reads data and writes checkpoints: a local folder or S3, behind one small API.
+
+``open_store("/some/folder")`` or ``open_store("s3://bucket/prefix")``. Local writes are atomic
+(temporary file in the same folder, fsync, rename); S3 puts are atomic per object. boto3 is imported
+only for S3 URLs, with the standard credential chain; ``endpoint_url`` points tests at moto's server.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Protocol
+
+
+class StoreError(OSError):
+    """A read or write failed: names the store, the key, and what to do."""
+
+
+class ObjectStore(Protocol):
+    url: str
+
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def get(self, key: str) -> bytes: ...
+
+    def exists(self, key: str) -> bool: ...
+
+    def keys(self, prefix: str = "") -> Iterator[str]: ...
+
+    def delete(self, key: str) -> None: ...
+
+
+class LocalStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.url = str(root)
+
+    def _path(self, key: str) -> Path:
+        path = (self.root / key).resolve()
+        if self.root.resolve() not in path.parents:
+            raise StoreError(f"key {key!r} leaves the store {self.url}")
+        return path
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, path)  # atomic: readers see the old file or the new one
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            raise StoreError(f"{self.url}: no {key!r}") from None
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
+
+    def keys(self, prefix: str = "") -> Iterator[str]:
+        for path in sorted(self.root.rglob("*")):
+            key = path.relative_to(self.root).as_posix()
+            if path.is_file() and not path.name.startswith(".") and key.startswith(prefix):
+                yield key
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+
+class S3Store:
+    def __init__(self, bucket: str, prefix: str, *, endpoint_url: str | None = None) -> None:
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.url = f"s3://{bucket}/{self.prefix}"
+        try:
+            import boto3
+        except ImportError:
+            raise StoreError("S3 needs boto3: pip install 'geo-orchestrator[aws]'") from None
+        self._client = boto3.client("s3", endpoint_url=endpoint_url)
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _call(self, what: str, key: str, **kwargs):
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return getattr(self._client, what)(Bucket=self.bucket, **kwargs)
+        except ClientError as error:
+            code = error.response.get("Error", {}).get("Code", "?")
+            raise StoreError(f"{self.url}: s3 {what} of {key!r} failed ({code})") from None
+        except BotoCoreError as error:
+            raise StoreError(
+                f"{self.url}: s3 {what} of {key!r} failed ({type(error).__name__})"
+            ) from None
+
+    def put(self, key: str, data: bytes) -> None:
+        self._call("put_object", key, Key=self._key(key), Body=data)
+
+    def get(self, key: str) -> bytes:
+        return self._call("get_object", key, Key=self._key(key))["Body"].read()
+
+    def exists(self, key: str) -> bool:
+        from botocore.exceptions import ClientError
+
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError:
+            return False
+        return True
+
+    def keys(self, prefix: str = "") -> Iterator[str]:
+        paginator = self._client.get_paginator("list_objects_v2")
+        start = self._key(prefix)
+        cut = len(self.prefix) + 1 if self.prefix else 0
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=start):
+            for item in page.get("Contents", []):
+                yield item["Key"][cut:]
+
+    def delete(self, key: str) -> None:
+        self._call("delete_object", key, Key=self._key(key))
+
+
+def open_store(url: str, *, endpoint_url: str | None = None) -> ObjectStore:
+    """A store for ``url``: ``s3://bucket[/prefix]`` or a local folder."""
+    if url.startswith("s3://"):
+        bucket, _, prefix = url[len("s3://") :].partition("/")
+        if not bucket:
+            raise StoreError(f"{url}: no bucket; write s3://bucket/prefix")
+        return S3Store(bucket, prefix, endpoint_url=endpoint_url)
+    return LocalStore(Path(url))
