@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
-from runtime.layout import Layout, WorkerSpec
+from runtime.layout import Layout, Link, WorkerSpec
 
 
-def layout_from_plan(plan: Plan, *, model: str, device: str = "cpu") -> Layout:
-    """The runtime's view of ``plan``: one worker per replica of each stage, stage-major ranks."""
+def layout_from_plan(plan: Plan, *, model: str, device: str = "cpu", network=None) -> Layout:
+    """The runtime's view of ``plan``: one worker per replica of each stage, stage-major ranks.
+    With ``network`` (the simulator's NetworkView), traffic between distinct places is emulated
+    with the latency and bandwidth the simulator assumes for them (at the plan's stream count)."""
     wide = sorted({r.tp for stage in plan.stages for r in stage.replicas if r.tp > 1})
     if wide:
         raise UserError(
@@ -30,4 +32,18 @@ def layout_from_plan(plan: Plan, *, model: str, device: str = "cpu") -> Layout:
         warmup=plan.warmup,
         allreduce=plan.allreduce,
         compression=plan.compression,
+        links=_links(plan, network) if network is not None else (),
     )
+
+
+def _links(plan: Plan, network) -> tuple[Link, ...]:
+    places = sorted({r.infra for stage in plan.stages for r in stage.replicas})
+    links = []
+    for src in places:
+        for dst in places:
+            if src != dst:
+                latency_s, bandwidth = network.link(src, dst, plan.streams)
+                links.append(
+                    Link(src=src, dst=dst, latency_s=latency_s, bandwidth_bytes_per_s=bandwidth)
+                )
+    return tuple(links)

@@ -12,6 +12,7 @@ wait on each other. Counters: bytes sent per (from place, to place) and seconds 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from datetime import timedelta
@@ -20,6 +21,7 @@ import torch
 import torch.distributed as dist
 
 from runtime.layout import Layout
+from runtime.shaper import SendPacer, collective_s
 
 
 class Comm:
@@ -40,6 +42,9 @@ class Comm:
         self._pending: list = []
         self.bytes_sent: dict[tuple[str, str], int] = defaultdict(int)
         self.wait_s: dict[str, float] = defaultdict(float)
+        self.timeout_s = timeout_s
+        # emulated links (Layout.links): sends are paced, collectives padded to their modeled time
+        self._pacer = SendPacer(lambda tensor, to: dist.isend(tensor, to)) if layout.links else None
 
     def _create_groups(self) -> None:
         """Every group of the layout, created by every rank in one order."""
@@ -63,9 +68,18 @@ class Comm:
 
     def send(self, tensor: torch.Tensor, to: int) -> None:
         tensor = tensor.contiguous()
-        self._pending.append((dist.isend(tensor, to), tensor))
         here, there = self.layout.workers[self.rank].place, self.layout.workers[to].place
         self.bytes_sent[(here, there)] += tensor.numel() * tensor.element_size()
+        link = self.layout.link(here, there)
+        if self._pacer is not None and link is not None:
+            self._pacer.send(
+                tensor,
+                to,
+                latency_s=link.latency_s,
+                bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
+            )
+        else:
+            self._pending.append((dist.isend(tensor, to), tensor))
 
     def recv(
         self, shape: tuple[int, ...], dtype: torch.dtype, source: int, *, phase: str
@@ -77,25 +91,48 @@ class Comm:
         return tensor
 
     def finish_sends(self) -> None:
-        for work, _ in self._pending:
+        start = time.perf_counter()
+        works = [work for work, _ in self._pending]
+        if self._pacer is not None:
+            works += self._pacer.drain(self.timeout_s)
+        for work in works:
             work.wait()
         self._pending = []
+        self.wait_s["p2p_send"] += time.perf_counter() - start
 
     # -- collectives -----------------------------------------------------------------------------
 
     def all_reduce(self, tensor: torch.Tensor, ranks: tuple[int, ...]) -> None:
         """Sum ``tensor`` over ``ranks`` in place (nothing to do for a group of one)."""
         if len(ranks) > 1:
-            dist.all_reduce(tensor, group=self._groups[ranks])
+            self._collective(
+                "all_reduce", tensor, ranks, lambda g: dist.all_reduce(tensor, group=g)
+            )
 
     def reduce(self, tensor: torch.Tensor, ranks: tuple[int, ...]) -> None:
         if len(ranks) > 1:
-            dist.reduce(tensor, dst=ranks[0], group=self._groups[ranks])
+            self._collective(
+                "reduce", tensor, ranks, lambda g: dist.reduce(tensor, dst=ranks[0], group=g)
+            )
 
     def broadcast(self, tensor: torch.Tensor, ranks: tuple[int, ...]) -> None:
         if len(ranks) > 1:
-            dist.broadcast(tensor, src=ranks[0], group=self._groups[ranks])
+            self._collective(
+                "broadcast", tensor, ranks, lambda g: dist.broadcast(tensor, src=ranks[0], group=g)
+            )
+
+    def _collective(self, kind: str, tensor: torch.Tensor, ranks: tuple[int, ...], run) -> None:
+        start = time.perf_counter()
+        run(self._groups[ranks])
+        if self.layout.links:
+            modeled = collective_s(self.layout, ranks, kind, tensor.numel() * tensor.element_size())
+            left = modeled - (time.perf_counter() - start)
+            if left > 0:  # pacing: the emulated links are slower than this machine's
+                threading.Event().wait(left)
+        self.wait_s["dp_sync"] += time.perf_counter() - start
 
     def close(self) -> None:
         self.finish_sends()
+        if self._pacer is not None:
+            self._pacer.close()
         dist.destroy_process_group()

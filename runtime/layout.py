@@ -7,8 +7,8 @@ string whose first two parts name the region.
 
 Ranks are stage-major: worker ``(stage s, replica i)`` has rank ``s * replicas + i``; pipeline ``i``
 is replica ``i`` of every stage; the data-parallel group of stage ``s`` is its replicas. For the
-hierarchical all-reduce, a stage's replicas are grouped by zone (members reduce to the zone's first
-rank), the zone leaders by region, and the region leaders form the cross-region group.
+hierarchical all-reduce, a stage's replicas are grouped by region (members reduce to the region's
+first rank), and the region leaders form the cross-region group.
 """
 
 from __future__ import annotations
@@ -19,6 +19,16 @@ from functools import cached_property
 
 class LayoutError(ValueError):
     """A layout that cannot run; says what is wrong and what to change."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Link:
+    """What traffic from ``src`` to ``dst`` should see when links are emulated (comm.py)."""
+
+    src: str
+    dst: str
+    latency_s: float  # one way
+    bandwidth_bytes_per_s: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,6 +53,8 @@ class Layout:
     warmup: tuple[int, ...]  # 1F1B warm-up forwards per stage
     allreduce: str = "hierarchical"  # "flat" or "hierarchical"
     compression: str = "none"  # cross-region hop: "none", "fp16", "int8"
+    # emulated links between places (empty: traffic runs at the local machine's speed)
+    links: tuple[Link, ...] = ()
 
     def __post_init__(self) -> None:
         problems = list(self._problems())
@@ -101,13 +113,22 @@ class Layout:
         return _group(self.dp_group(stage), lambda r: self.workers[r].place)
 
     def region_groups(self, stage: int) -> tuple[tuple[int, ...], ...]:
-        """The zone leaders grouped by region; each group's first rank leads."""
-        leaders = tuple(group[0] for group in self.zone_groups(stage))
-        return _group(leaders, lambda r: self.workers[r].region)
+        """The stage's replicas grouped by region, in rank order; each group's first rank leads.
+        The hierarchical all-reduce reduces inside each of these (the zones of a region share one
+        ring, as the simulator models it: inter-zone links are nearly as fast as intra-zone)."""
+        return _group(self.dp_group(stage), lambda r: self.workers[r].region)
 
     def cross_region_group(self, stage: int) -> tuple[int, ...]:
         """One leader per region: the ranks whose traffic crosses regions."""
         return tuple(group[0] for group in self.region_groups(stage))
+
+    def link(self, src: str, dst: str) -> Link | None:
+        """The emulated link from ``src`` to ``dst``, if any."""
+        return self._links.get((src, dst))
+
+    @cached_property
+    def _links(self) -> dict[tuple[str, str], Link]:
+        return {(k.src, k.dst): k for k in self.links}
 
     def places(self) -> tuple[str, ...]:
         return tuple(sorted({w.place for w in self.workers}))

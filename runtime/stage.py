@@ -11,6 +11,8 @@ as in the single-process reference (reference.py).
 
 from __future__ import annotations
 
+import time
+
 import torch
 from torch import nn
 
@@ -68,6 +70,7 @@ class StageRunner:
             layout.worker(0, i).microbatches for i in range(self.replica)
         )
         self.activation_shape = (mbs, self.spec.seq_len, self.spec.hidden_size)
+        self.last_phases_s: dict[str, float] = {}
 
     def _tied_parameter(self, layers: list[nn.Module]) -> nn.Parameter | None:
         """The tied embedding/head weight if this stage holds one of its two uses."""
@@ -76,7 +79,23 @@ class StageRunner:
         return layers[0].tokens.weight
 
     def train_step(self, step: int) -> float | None:
-        """One optimizer step; the last stage returns its pipeline's share of the loss."""
+        """One optimizer step; the last stage returns its pipeline's share of the loss. Records
+        ``last_phases_s``: compute, waiting for activations/gradients, finishing sends, DP sync,
+        optimizer."""
+        started, waited = time.perf_counter(), dict(self.comm.wait_s)
+        loss = self._step(step)
+        optimizer_start = time.perf_counter()
+        self.optimizer.step()
+        end = time.perf_counter()
+        phases = {k: v - waited.get(k, 0.0) for k, v in self.comm.wait_s.items()}
+        phases["optimizer"] = end - optimizer_start
+        phases["compute"] = (optimizer_start - started) - sum(
+            v for k, v in phases.items() if k != "optimizer"
+        )
+        self.last_phases_s = phases
+        return loss
+
+    def _step(self, step: int) -> float | None:
         self.optimizer.zero_grad(set_to_none=True)
         kept: dict[int, tuple] = {}
         loss_sum = 0.0
@@ -89,7 +108,6 @@ class StageRunner:
                 self._backward(*kept.pop(j))
         self.comm.finish_sends()
         self._sync_gradients()
-        self.optimizer.step()
         return loss_sum if self.last else None
 
     def state_dict(self) -> dict:
@@ -148,8 +166,9 @@ class StageRunner:
             self.comm.send(inputs.grad, layout.rank(self.stage - 1, self.replica))
 
     def _sync_gradients(self) -> None:
-        """Sum gradients over the stage's replicas (flat ring, or zone → region → across regions
-        and back), then the tied weight's two uses over the pipeline's first and last stage."""
+        """Sum gradients over the stage's replicas (a flat ring, or inside each region, across
+        regions and back), then the tied weight's two uses over the pipeline's first and last
+        stage."""
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.parameters]
         flat = torch.cat([g.reshape(-1) for g in grads])
         layout, s = self.layout, self.stage
@@ -166,13 +185,11 @@ class StageRunner:
             self.comm.all_reduce(self.tied.grad, (pipeline[0], pipeline[-1]))
 
     def _hierarchical(self, flat: torch.Tensor) -> None:
+        """Reduce inside the region to its leader, all-reduce between region leaders, broadcast
+        back inside the region (simulator/collectives.py models the same three phases)."""
         layout, s, rank = self.layout, self.stage, self.rank
-        zone = next(g for g in layout.zone_groups(s) if rank in g)
-        self.comm.reduce(flat, zone)
-        if rank == zone[0]:
-            region = next(g for g in layout.region_groups(s) if rank in g)
-            self.comm.reduce(flat, region)
-            if rank == region[0]:
-                self.comm.all_reduce(flat, layout.cross_region_group(s))
-            self.comm.broadcast(flat, region)
-        self.comm.broadcast(flat, zone)
+        region = next(g for g in layout.region_groups(s) if rank in g)
+        self.comm.reduce(flat, region)
+        if rank == region[0]:
+            self.comm.all_reduce(flat, layout.cross_region_group(s))
+        self.comm.broadcast(flat, region)

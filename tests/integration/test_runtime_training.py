@@ -103,6 +103,11 @@ def test_losses_match_the_single_process_run(ray_cluster, expected, layers, plac
         assert abs(got - want) <= RELATIVE_TOLERANCE * want, (losses, expected)
     if len(layers) > 1:  # activations went forward and gradients back, counted per place pair
         assert any(c["bytes_sent"] for c in counters)
+    for c in counters:
+        phases = c["last_step_phases_s"]
+        assert phases["compute"] > 0 and phases["optimizer"] > 0 and c["peak_memory_bytes"] > 2**20
+        if len(places) > 1:
+            assert phases["dp_sync"] > 0
 
 
 @pytest.mark.integration
@@ -112,3 +117,49 @@ def test_a_layout_the_cluster_cannot_hold_fails_fast_and_says_why(ray_cluster):
     layout = layout_from_plan(_plan([(0, 6)], ["local/sim-asia/sim-asia-a"]), model="gpt-tiny")
     with pytest.raises(WorkerPlacementError, match="infra:local/sim-asia/sim-asia-a"):
         WorkerGroup.start(layout, CONFIG, timeout_s=3)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("layers", "places", "floor_s"),
+    [
+        # 2 stages across regions, 8 microbatches, warm-up 1: every other backward waits a round
+        # trip (2 x 50 ms), so a step takes at least 4 round trips
+        ([(0, 3), (3, 6)], [A1], 0.4),
+        # DP across regions: the ring all-reduce of ~0.9 MB over 10 MB/s and 50 ms takes
+        # 2 x (50 ms + 0.45 MB / 10 MB/s) ~ 0.19 s
+        ([(0, 6)], [A1, B1], 0.18),
+    ],
+    ids=["pp-across-regions", "dp-across-regions"],
+)
+def test_emulated_links_slow_steps_as_modeled_and_keep_the_losses(
+    ray_cluster, expected, layers, places, floor_s
+):
+    import dataclasses
+    import time
+
+    from runtime.group import WorkerGroup
+    from runtime.layout import Link
+
+    layout = layout_from_plan(_plan(layers, places, "flat"), model="gpt-tiny")
+    if len(layers) > 1:  # put stage 1 of the single pipeline in the other region
+        workers = (layout.workers[0], dataclasses.replace(layout.workers[1], place=B1))
+        layout = dataclasses.replace(layout, workers=workers)
+    slow = tuple(
+        Link(src=a, dst=b, latency_s=0.05, bandwidth_bytes_per_s=10e6)
+        for a, b in ((A1, B1), (B1, A1))
+    )
+    group = WorkerGroup.start(
+        dataclasses.replace(layout, links=slow), CONFIG, corpus_bytes=CORPUS_BYTES
+    )
+    try:
+        durations, losses = [], []
+        for step in range(3):
+            start = time.perf_counter()
+            losses.append(group.step(step))
+            durations.append(time.perf_counter() - start)
+    finally:
+        group.shutdown()
+    assert min(durations) >= floor_s, durations
+    for got, want in zip(losses, expected, strict=False):
+        assert abs(got - want) <= RELATIVE_TOLERANCE * want

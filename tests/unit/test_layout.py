@@ -30,7 +30,7 @@ def test_ranks_pipelines_and_groups():
     assert layout.pipeline(2) == (2, 6)
     assert layout.dp_group(1) == (4, 5, 6, 7)
     assert layout.zone_groups(0) == ((0, 1), (2,), (3,))
-    assert layout.region_groups(0) == ((0, 2), (3,))
+    assert layout.region_groups(0) == ((0, 1, 2), (3,))
     assert layout.cross_region_group(1) == (4, 7)
     assert layout.worker(1, 3).region == "local/sim-eu" and layout.worker(0, 0).microbatches == 4
     assert layout.warmup == (1, 0) and layout.places() == (B1, A1, A2)
