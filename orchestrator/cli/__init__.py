@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.catalog import Catalog
-from orchestrator.cli import catalog_cmd, plan_cmd, recipe_cmd, simulate_cmd
+from orchestrator.cli import catalog_cmd, plan_cmd, profile_cmd, recipe_cmd, simulate_cmd
 from orchestrator.errors import USER_ERROR_EXIT_CODE, NotBuiltError, UserError
 
 NOT_BUILT_EXIT_CODE = 3
@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     catalog_cmd.add_parser(commands, _Formatter)
     simulate_cmd.add_simulate(commands, _Formatter)
     plan_cmd.add_plan(commands, _Formatter)
+    profile_cmd.add_profile(commands, _Formatter)
     recipe_cmd.add_pending(commands, _Formatter)
     return parser
 

@@ -125,5 +125,5 @@ def _run_pending(args: argparse.Namespace, catalog: Catalog) -> int:
     summary, detail, _ = PENDING[args.pending]
     raise NotBuiltError(
         f"'{args.pending}' is not built yet. It will {detail}.\n"
-        "Available now: validate, catalog, simulate, plan (python -m orchestrator --help)."
+        "Available now: validate, catalog, simulate, plan, profile (python -m orchestrator --help)."
     )

@@ -61,6 +61,12 @@ def profile_for_recipe(
     mode = recipe.model.profile
     if mode not in ("auto", "analytic", "sailor"):
         profile = load_profile_json(Path(mode))
+        if profile.model != recipe.model.name:
+            raise UserError(
+                f"profile {mode} is of {profile.model}; the recipe trains {recipe.model.name}",
+                field="model.profile",
+                fix=f"profile this model: python -m orchestrator profile RECIPE -o {mode}",
+            )
         missing = [g for g in gpus if g not in profile.gpus]
         if missing:
             raise UserError(

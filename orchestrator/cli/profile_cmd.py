@@ -1,0 +1,350 @@
+"""``python -m orchestrator profile RECIPE -o profile.json``: measure the recipe's model here.
+
+runtime/profiler.py times every layer's forward, backward and optimizer step on this machine's
+device and measures its memory; this command turns the figures into a model profile (source
+``measured``, docs/profile.md) for one GPU type, which a recipe then names in ``model.profile``.
+The simulator keys profiles by GPU type: on a CPU-only machine the figures stand for the GPU that
+the local simulated cloud rents (its workers are CPU slots standing in for that GPU), and the
+profile's ``origin`` says so. torch is imported only when the command runs, so that
+``import orchestrator`` stays free of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator.catalog import Catalog
+from orchestrator.cli.output import format_table, print_json
+from orchestrator.errors import UserError
+from orchestrator.profiles.profile import (
+    GpuProfile,
+    LayerTable,
+    ModelProfile,
+    TimeTable,
+    profile_to_json,
+)
+from orchestrator.recipe import Recipe, load_recipe
+from runtime.models.specs import ModelSpec, model_spec
+
+if TYPE_CHECKING:  # for annotations only: importing runtime.profiler imports torch
+    from runtime.profiler import ModelMeasurement, ProfilerConfig
+
+KIB = 1024
+
+
+def add_profile(commands: argparse._SubParsersAction, formatter: type) -> None:
+    p = commands.add_parser(
+        "profile",
+        help="measure the recipe's model layer by layer on this machine and write a profile",
+        description="Time each layer's forward, backward and optimizer step (median of --repeats runs "
+        "after warm-up) and measure its parameters, bytes kept for backward and elements sent on, "
+        "for each microbatch size, on this machine's device (CUDA if present, else CPU with one "
+        "thread, like a local worker). Writes a profile .json (docs/profile.md) with source "
+        "'measured' for one GPU type; point the recipe's model.profile at it and simulate/plan use it.",
+        formatter_class=formatter,
+        epilog="example:\n  python -m orchestrator profile recipes/quickstart.yaml -o gpt-tiny-t4.json "
+        "--microbatch-sizes 1,2,4",
+    )
+    p.add_argument(
+        "recipe", type=Path, metavar="RECIPE", help="a recipe .yaml (its model is measured)"
+    )
+    p.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        required=True,
+        metavar="FILE",
+        help="the profile .json to write",
+    )
+    p.add_argument(
+        "--gpu",
+        metavar="NAME",
+        help="the GPU type the figures stand for (default: the one GPU type the recipe allows or "
+        "its market offers, e.g. T4 on the local simulated cloud)",
+    )
+    p.add_argument(
+        "--microbatch-sizes",
+        metavar="SIZES",
+        help="comma-separated microbatch sizes, e.g. 1,2,4 (default: the recipe's)",
+    )
+    p.add_argument("--repeats", type=int, default=5, metavar="N", help="timed runs per figure (5)")
+    p.add_argument(
+        "--warmup", type=int, default=2, metavar="N", help="untimed runs before them (2)"
+    )
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where to measure: auto (CUDA if torch sees one, else CPU)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="torch CPU threads while measuring (1: one local worker's CPU slot)",
+    )
+    p.add_argument("--json", action="store_true", help="print one JSON document")
+    p.set_defaults(run=run_profile)
+
+
+def run_profile(args: argparse.Namespace, catalog: Catalog) -> int:
+    recipe = load_recipe(args.recipe, catalog=catalog)
+    spec = _profilable_spec(recipe)
+    sizes = _microbatch_sizes(args.microbatch_sizes, recipe)
+    _check_counts(args)
+    gpu = _target_gpu(args.gpu, recipe, catalog)
+    # torch is imported here only: `import orchestrator` must not pull it in
+    from runtime.profiler import ProfilerConfig, profile_gpt
+
+    config = ProfilerConfig(
+        microbatch_sizes=sizes,
+        repeats=args.repeats,
+        warmup=args.warmup,
+        optimizer=recipe.training.optimizer.name,
+        device=_device(args.device),
+        threads=args.threads,
+        seed=recipe.training.seed,
+    )
+    measurement = profile_gpt(spec, config)
+    profile = measured_profile(measurement, gpu=gpu, precision=recipe.training.precision)
+    document = profile_to_json(profile, gpu)
+    document["measurement"] = _measurement_facts(measurement, config, gpu)
+    _write(args.output, document)
+    rows = _rows(spec, measurement)
+    if args.json:
+        print_json({"output": str(args.output), **_summary(document), "layers": rows})
+        return 0
+    _print(args.output, document, rows)
+    return 0
+
+
+def measured_profile(measurement: ModelMeasurement, *, gpu: str, precision: str) -> ModelProfile:
+    """A ``runtime.profiler.ModelMeasurement`` as a one-GPU profile with source ``measured``.
+
+    Sizes are per sample: elements sent on from the largest microbatch (they scale exactly), bytes
+    kept for backward as the largest per-sample figure over the sizes measured (fixed costs
+    such as position ids weigh most on small microbatches; the larger figure keeps the simulator's
+    OOM verdict on the safe side)."""
+    by_size = measurement.layers
+    largest = max(by_size)
+    num_layers = len(measurement.params)
+    kept = tuple(
+        max(layers[i].kept_bytes / mbs for mbs, layers in by_size.items())
+        for i in range(num_layers)
+    )
+    sizes = LayerTable(
+        params=tuple(measurement.params),
+        act_out_elements=tuple(t.out_elements // largest for t in by_size[largest]),
+        act_kept_bytes=kept,
+    )
+    times = {
+        (mbs, 1): TimeTable(
+            forward_s=tuple(t.forward_s for t in layers),
+            backward_s=tuple(t.backward_s for t in layers),
+            update_s=tuple(t.update_s for t in layers),
+        )
+        for mbs, layers in sorted(by_size.items())
+    }
+    gpu_profile = GpuProfile(gpu, "measured", _origin(measurement, gpu), times)
+    spec = model_spec(measurement.model)
+    return ModelProfile(
+        measurement.model,
+        precision,
+        measurement.optimizer,
+        spec.seq_len,
+        {1: sizes},
+        {gpu: gpu_profile},
+    )
+
+
+def _origin(measurement: ModelMeasurement, gpu: str) -> str:
+    where = (
+        f"this machine's CPU ({measurement.threads} thread(s)), a local worker's CPU slot standing "
+        f"in for {gpu}"
+        if measurement.device_name == "cpu"
+        else measurement.device_name
+    )
+    return (
+        f"measured by `python -m orchestrator profile` on {where}; torch {measurement.torch_version}, "
+        f"median of {measurement.repeats} runs per figure"
+    )
+
+
+def _profilable_spec(recipe: Recipe) -> ModelSpec:
+    spec = model_spec(recipe.model.name)
+    if spec.family != "gpt":
+        raise UserError(
+            f"the profiler measures built-in GPT models only; {spec.name} is a {spec.family.upper()}",
+            field="model.name",
+            fix="use profile: auto or analytic for this model, or profile a GPT model such as gpt-tiny",
+        )
+    if recipe.training.precision != "fp32":
+        raise UserError(
+            f"the runtime trains in fp32, so the profiler measures fp32; the recipe asks for "
+            f"{recipe.training.precision}",
+            field="training.precision",
+            fix="set training.precision: fp32 to profile, or use profile: auto or analytic for "
+            "mixed-precision estimates",
+        )
+    return spec
+
+
+def _microbatch_sizes(text: str | None, recipe: Recipe) -> tuple[int, ...]:
+    if text is None:
+        return tuple(recipe.training.microbatch_sizes)
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        sizes = ()
+    if not sizes or any(size < 1 for size in sizes):
+        raise UserError(
+            f"--microbatch-sizes '{text}' is not a list of positive whole numbers",
+            fix="write them comma-separated without spaces, e.g. --microbatch-sizes 1,2,4",
+        )
+    return tuple(sorted(set(sizes)))
+
+
+def _check_counts(args: argparse.Namespace) -> None:
+    for flag, value, least in (
+        ("--repeats", args.repeats, 1),
+        ("--warmup", args.warmup, 0),
+        ("--threads", args.threads, 1),
+    ):
+        if value < least:
+            raise UserError(f"{flag} {value} is below {least}", fix=f"give {flag} {least} or more")
+
+
+def _target_gpu(name: str | None, recipe: Recipe, catalog: Catalog) -> str:
+    """The catalog name of the GPU the figures stand for: ``--gpu``, else the only GPU type the
+    recipe allows, else the only one its market offers."""
+    if name is not None:
+        spec = catalog.gpus.find(name)
+        if spec is None:
+            raise UserError(
+                f"unknown GPU '{name}'",
+                fix="name a GPU of `python -m orchestrator catalog gpus`, e.g. --gpu T4",
+            )
+        return spec.name
+    if len(recipe.constraints.gpu_types) == 1:
+        return recipe.constraints.gpu_types[0]
+    market = catalog.market(recipe.provider, Path(recipe.market) if recipe.market else None)
+    offered = sorted({offer.gpu for offer in market.query(gpus=recipe.constraints.gpu_types)})
+    if len(offered) == 1:
+        return offered[0]
+    raise UserError(
+        f"the recipe allows several GPU types ({', '.join(offered) or 'none offered'}); the profile "
+        "is for one",
+        fix="name the GPU the measurement stands for, e.g. --gpu T4",
+    )
+
+
+def _device(choice: str) -> str:
+    import torch
+
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise UserError(
+            "--device cuda, but torch sees no CUDA device here", fix="use --device cpu or auto"
+        )
+    return choice
+
+
+def _measurement_facts(measurement: ModelMeasurement, config: ProfilerConfig, gpu: str) -> dict:
+    """How the figures were taken; readers of the profile ignore this block (docs/profile.md)."""
+    return {
+        "device": measurement.device_name,
+        "stands_in_for": gpu,
+        "threads": measurement.threads,
+        "torch_version": measurement.torch_version,
+        "repeats": config.repeats,
+        "warmup": config.warmup,
+        "elapsed_s": measurement.elapsed_s,
+    }
+
+
+def _write(path: Path, document: dict) -> None:
+    try:
+        path.write_text(json.dumps(document, indent=1) + "\n", encoding="utf-8")
+    except OSError as exc:
+        raise UserError(
+            f"cannot write the profile: {exc.strerror}",
+            file=str(path),
+            fix="choose a writable path for -o",
+        ) from None
+
+
+def _layer_names(spec: ModelSpec) -> list[str]:
+    return ["embedding", *(f"block {i}" for i in range(spec.num_blocks)), "head"]
+
+
+def _rows(spec: ModelSpec, measurement: ModelMeasurement) -> list[dict]:
+    rows = []
+    for mbs, layers in sorted(measurement.layers.items()):
+        for index, (name, t) in enumerate(zip(_layer_names(spec), layers, strict=True)):
+            rows.append(
+                {
+                    "microbatch_size": mbs,
+                    "layer": index,
+                    "name": name,
+                    "params": measurement.params[index],
+                    "forward_ms": t.forward_s * 1000,
+                    "backward_ms": t.backward_s * 1000,
+                    "update_ms": t.update_s * 1000,
+                    "kept_bytes": t.kept_bytes,
+                    "out_bytes": t.out_elements * 4,  # fp32 activations
+                }
+            )
+    return rows
+
+
+def _summary(document: dict) -> dict:
+    facts = document["measurement"]
+    return {
+        "model": document["model"],
+        "gpu": document["gpu"],
+        "source": document["source"],
+        "device": facts["device"],
+        "elapsed_s": facts["elapsed_s"],
+    }
+
+
+def _print(output: Path, document: dict, rows: list[dict]) -> None:
+    facts = document["measurement"]
+    print(
+        f"profiled {document['model']} on {facts['device']} ({facts['threads']} thread(s)) in "
+        f"{facts['elapsed_s']:.1f} s, standing for {document['gpu']}; wrote {output}"
+    )
+    table = [
+        (
+            r["microbatch_size"],
+            r["layer"],
+            r["name"],
+            r["params"],
+            r["forward_ms"],
+            r["backward_ms"],
+            r["update_ms"],
+            r["kept_bytes"] / KIB,
+            r["out_bytes"] / KIB,
+        )
+        for r in rows
+    ]
+    headers = (
+        "mbs",
+        "layer",
+        "name",
+        "params",
+        "fwd_ms",
+        "bwd_ms",
+        "update_ms",
+        "kept_kib",
+        "out_kib",
+    )
+    print(format_table(headers, table))
+    print(
+        f"use it: set model.profile: {output} in the recipe (a path relative to the recipe's folder)"
+    )

@@ -1,0 +1,265 @@
+"""Measure a built-in GPT's layers on the local device: the figures a model profile is made of.
+
+Each layer runs in isolation on inputs of the shape it sees in training (the previous layer's
+real output, detached, with ``requires_grad`` so the input gradient is computed as in a pipeline
+stage). Per layer and microbatch size we record the median of ``repeats`` timed runs after
+``warmup`` untimed ones of:
+
+- forward: the layer's forward with autograd recording, as a training stage runs it;
+- backward: the backward from a gradient of the output's shape (the head's forward includes the
+  next-token loss and its backward starts from the loss, as the last stage does);
+- update: one optimizer step over the parameters the layer owns (microbatch-independent, so it is
+  measured once per layer).
+
+Memory per layer: bytes of the tensors autograd saves for backward (``saved_tensors_hooks``,
+counted once per storage, parameters excluded since they are counted as parameters) and elements
+of the output handed to the next layer. A parameter shared with an earlier layer (tied embeddings)
+belongs to the earlier layer, as in ``GptSpec.layer_parameters``.
+
+Times on CUDA come from CUDA events after a synchronize; on CPU from ``time.perf_counter``. The
+result is plain data; the orchestrator turns it into a model profile (orchestrator/cli/profile_cmd.py).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from runtime.models.gpt import build_layers, next_token_loss
+from runtime.models.specs import GptSpec
+
+OPTIMIZERS = ("adam", "adamw", "sgd")
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProfilerConfig:
+    """What to measure and how often."""
+
+    microbatch_sizes: tuple[int, ...]
+    repeats: int = 5  # timed runs per figure; the median is kept
+    warmup: int = 2  # untimed runs first (allocator, lazy optimizer state, kernel selection)
+    optimizer: str = "adamw"
+    device: str = "cpu"  # "cpu" or "cuda"
+    threads: int | None = 1  # torch CPU threads while measuring; None leaves torch's setting
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.microbatch_sizes or any(m < 1 for m in self.microbatch_sizes):
+            raise ValueError(
+                f"microbatch sizes must be positive whole numbers, got {self.microbatch_sizes}"
+            )
+        if self.repeats < 1 or self.warmup < 0:
+            raise ValueError(
+                f"repeats must be >= 1 and warmup >= 0, got {self.repeats}, {self.warmup}"
+            )
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(
+                f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer}"
+            )
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device}")
+
+
+@dataclass(frozen=True)
+class LayerTiming:
+    """One layer at one microbatch size: seconds per microbatch and memory of the whole microbatch."""
+
+    forward_s: float
+    backward_s: float
+    update_s: float
+    kept_bytes: int  # saved for backward by this layer's forward, whole microbatch
+    out_elements: int  # elements handed to the next layer, whole microbatch (0 for the last)
+
+
+@dataclass(frozen=True)
+class ModelMeasurement:
+    """Everything measured: per microbatch size, one ``LayerTiming`` per layer."""
+
+    model: str
+    device_name: str  # "cpu" or the CUDA device's name
+    threads: int
+    torch_version: str
+    optimizer: str
+    repeats: int
+    params: tuple[int, ...]  # parameters each layer owns
+    layers: Mapping[int, tuple[LayerTiming, ...]]  # microbatch size -> per layer
+    elapsed_s: float  # wall time of the whole measurement
+
+
+class _Clock:
+    """Times one call on the measuring device."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def seconds(self, fn: Callable[[], object]) -> float:
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda.synchronize()
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1000.0
+        begin = time.perf_counter()
+        fn()
+        return time.perf_counter() - begin
+
+
+def profile_gpt(spec: GptSpec, config: ProfilerConfig) -> ModelMeasurement:
+    """Measure every layer of ``spec`` at each of ``config.microbatch_sizes``."""
+    started = time.perf_counter()
+    device = torch.device(config.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device cuda asked for, but torch sees no CUDA device")
+    threads_before = torch.get_num_threads()
+    if config.threads is not None:
+        # A local worker is one CPU slot standing in for one GPU (runtime/actor.py): measure alike.
+        torch.set_num_threads(config.threads)
+    try:
+        layers = [layer.to(device) for layer in build_layers(spec, seed=config.seed)]
+        owned = _owned_parameters(layers)
+        clock = _Clock(device)
+        updates = [_update_seconds(params, config, clock) for params in owned]
+        by_size = {
+            mbs: _measure_size(spec, layers, updates, mbs, config, clock)
+            for mbs in sorted(set(config.microbatch_sizes))
+        }
+        threads = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(threads_before)
+    return ModelMeasurement(
+        model=spec.name,
+        device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        threads=threads,
+        torch_version=torch.__version__,
+        optimizer=config.optimizer,
+        repeats=config.repeats,
+        params=tuple(sum(p.numel() for p in params) for params in owned),
+        layers=by_size,
+        elapsed_s=time.perf_counter() - started,
+    )
+
+
+def _owned_parameters(layers: Sequence[nn.Module]) -> list[list[nn.Parameter]]:
+    """Each layer's parameters, a shared one counted in the first layer that holds it."""
+    seen: set[int] = set()
+    owned = []
+    for layer in layers:
+        mine = [p for p in layer.parameters() if id(p) not in seen]
+        seen.update(id(p) for p in mine)
+        owned.append(mine)
+    return owned
+
+
+def _measure_size(
+    spec: GptSpec,
+    layers: Sequence[nn.Module],
+    updates: Sequence[float],
+    mbs: int,
+    config: ProfilerConfig,
+    clock: _Clock,
+) -> tuple[LayerTiming, ...]:
+    device = next(layers[0].parameters()).device
+    generator = torch.Generator().manual_seed(config.seed + mbs)
+    ids = torch.randint(0, spec.vocab_size, (mbs, spec.seq_len + 1), generator=generator)
+    # clones: each its own storage, so the embedding keeps only its own ids for backward
+    inputs, targets = ids[:, :-1].clone().to(device), ids[:, 1:].clone().to(device)
+    timings = []
+    x = inputs
+    for index, layer in enumerate(layers):
+        last = index == len(layers) - 1
+        run = _runner(layer, x, targets if last else None)
+        forward_s, backward_s = _pass_seconds(run, config, clock)
+        kept = _kept_bytes(run, layer)
+        with torch.no_grad():
+            out = layer(x)
+        timings.append(
+            LayerTiming(forward_s, backward_s, updates[index], kept, 0 if last else out.numel())
+        )
+        x = out.detach()
+    return tuple(timings)
+
+
+def _runner(
+    layer: nn.Module, x: torch.Tensor, targets: torch.Tensor | None
+) -> Callable[[], tuple[torch.Tensor, torch.Tensor | None]]:
+    """A forward of ``layer`` as in training: returns (output, gradient to start backward from)."""
+    if x.is_floating_point():
+        x = x.detach().requires_grad_(True)  # a received activation: its gradient is sent back
+
+    def run() -> tuple[torch.Tensor, torch.Tensor | None]:
+        out = layer(x)
+        if targets is not None:
+            return next_token_loss(out, targets), None
+        return out, torch.ones_like(out)
+
+    return run
+
+
+def _pass_seconds(
+    run: Callable[[], tuple[torch.Tensor, torch.Tensor | None]],
+    config: ProfilerConfig,
+    clock: _Clock,
+) -> tuple[float, float]:
+    """Median (forward, backward) seconds after the warm-up runs."""
+    timed = [_one_pass(run, clock) for _ in range(config.warmup + config.repeats)]
+    forwards, backwards = zip(*timed[config.warmup :], strict=True)
+    return statistics.median(forwards), statistics.median(backwards)
+
+
+def _one_pass(
+    run: Callable[[], tuple[torch.Tensor, torch.Tensor | None]], clock: _Clock
+) -> tuple[float, float]:
+    holder: list = []
+    forward_s = clock.seconds(lambda: holder.append(run()))
+    out, grad = holder[0]
+    backward_s = clock.seconds(lambda: torch.autograd.backward(out, grad))
+    return forward_s, backward_s
+
+
+def _kept_bytes(run: Callable[[], tuple], layer: nn.Module) -> int:
+    """Bytes autograd saves for backward during one forward, each storage once, weights excluded."""
+    weights = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    storages: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:
+            storages[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        held = run()  # kept alive until counted so no storage address is reused meanwhile
+    total = sum(storages.values())
+    del held
+    return total
+
+
+def _make_optimizer(params: list[nn.Parameter], name: str) -> torch.optim.Optimizer:
+    # foreach=False: the per-parameter loop the runtime's optimizer runs (runtime/reference.py)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=False)
+    kind = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
+    return kind(params, lr=1e-3, foreach=False)
+
+
+def _update_seconds(params: list[nn.Parameter], config: ProfilerConfig, clock: _Clock) -> float:
+    """Median seconds of one optimizer step over ``params`` (a copy, so the model is untouched)."""
+    if not params:
+        return 0.0
+    copies = [nn.Parameter(p.detach().clone()) for p in params]
+    for copy in copies:
+        copy.grad = torch.randn_like(copy) * 1e-3
+    optimizer = _make_optimizer(copies, config.optimizer)
+    steps = [clock.seconds(optimizer.step) for _ in range(config.warmup + config.repeats)]
+    return statistics.median(steps[config.warmup :])
