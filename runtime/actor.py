@@ -15,6 +15,8 @@ class StageWorker:
     def __init__(self, layout: Layout, rank: int, config: TrainConfig, corpus_bytes: int) -> None:
         self.layout, self.rank, self.config, self.corpus_bytes = layout, rank, config, corpus_bytes
         self.runner = None
+        # made by the first start_checkpoint, for its (store URL, job, endpoint)
+        self.checkpointer, self.checkpointer_target = None, None
 
     def rendezvous(self) -> str:
         """An init address on this worker's host (rank 0 is asked): tcp://ip:free-port."""
@@ -47,12 +49,62 @@ class StageWorker:
         return self.runner.train_step(step)
 
     def counters(self) -> dict:
+        """Bytes sent per place pair and seconds per phase (whole run), the last step's phases,
+        and this worker's peak memory."""
         comm = self.runner.comm
         return {
+            "rank": self.rank,
             "bytes_sent": {f"{a}->{b}": n for (a, b), n in comm.bytes_sent.items()},
             "wait_s": dict(comm.wait_s),
+            "last_step_phases_s": dict(self.runner.last_phases_s),
+            "peak_memory_bytes": _peak_memory_bytes(self.layout.workers[self.rank].device),
         }
+
+    def start_checkpoint(
+        self, store_url: str, job: str, step: int, endpoint_url: str | None = None
+    ) -> float:
+        """Copy this worker's state after ``step`` and queue its write; returns at once with the
+        seconds the copy took. The write runs on a thread while the next steps train."""
+        from runtime.checkpoint import Checkpointer
+        from runtime.storage import open_store
+
+        target = (store_url, job, endpoint_url)
+        if self.checkpointer is None or self.checkpointer_target != target:
+            if self.checkpointer is not None:
+                self.checkpointer.close()
+            store = open_store(store_url, endpoint_url=endpoint_url)
+            self.checkpointer = Checkpointer(
+                store, job, stage=self.runner.stage, replica=self.runner.replica
+            )
+            self.checkpointer_target = target
+        return self.checkpointer.save(step, self.runner.state_dict())
+
+    def finish_checkpoint(self, timeout_s: float) -> list:
+        """Wait for the queued writes; their CheckpointEntry list (raises a write's error)."""
+        return [] if self.checkpointer is None else self.checkpointer.wait(timeout_s)
+
+    def restore(self, store_url: str, job: str, step: int, endpoint_url: str | None = None) -> None:
+        """Load this worker's state at ``step`` (checksum verified); training goes on at step + 1."""
+        from runtime import checkpoint
+        from runtime.storage import open_store
+
+        store = open_store(store_url, endpoint_url=endpoint_url)
+        state = checkpoint.load(
+            store, job, step, stage=self.runner.stage, replica=self.runner.replica
+        )
+        self.runner.load_state_dict(state)
 
     def close(self) -> None:
         if self.runner is not None:
             self.runner.comm.close()
+
+
+def _peak_memory_bytes(device: str) -> int:
+    """GPU: the allocator's peak; CPU: the process's peak resident set (Linux reports KiB)."""
+    if device == "cuda":
+        import torch
+
+        return int(torch.cuda.max_memory_allocated())
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

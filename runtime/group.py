@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime.actor import StageWorker
+from runtime.checkpoint import CheckpointReport, PendingCheckpoint
 from runtime.layout import Layout
 from runtime.reference import TrainConfig
 
@@ -79,6 +80,104 @@ class WorkerGroup:
         import ray
 
         return ray.get([a.counters.remote() for a in self.actors])
+
+    def start_checkpoint(
+        self,
+        store_url: str,
+        job: str,
+        step: int,
+        *,
+        endpoint_url: str | None = None,
+        timeout_s: float = 600.0,
+    ) -> PendingCheckpoint:
+        """Every worker copies its state after ``step`` and queues the write; returns once the
+        copies are made, so the next ``step`` call trains while the writes run. One pending
+        checkpoint at a time: call ``finish_checkpoint`` before the next one."""
+        import ray
+
+        snapshot_s = ray.get(
+            [a.start_checkpoint.remote(store_url, job, step, endpoint_url) for a in self.actors],
+            timeout=timeout_s,
+        )
+        return PendingCheckpoint(store_url, job, step, endpoint_url, tuple(snapshot_s))
+
+    def finish_checkpoint(
+        self, pending: PendingCheckpoint, *, keep_last: int = 3, timeout_s: float = 600.0
+    ) -> CheckpointReport:
+        """Wait for every worker's write, then commit the step's manifest (the step is complete
+        from then on) and keep the ``keep_last`` newest complete steps."""
+        import ray
+
+        from runtime import checkpoint
+        from runtime.storage import open_store
+
+        written = ray.get(
+            [a.finish_checkpoint.remote(timeout_s) for a in self.actors], timeout=timeout_s
+        )
+        # one pending checkpoint at a time is the contract; keep only this step's entries anyway
+        prefix = checkpoint.step_prefix(pending.job, pending.step)
+        entries = [e for rank in written for e in rank if e.key.startswith(prefix)]
+        if len(entries) != self.layout.world_size:
+            raise checkpoint.CheckpointError(
+                f"step {pending.step} of {pending.job!r}: {len(entries)} of "
+                f"{self.layout.world_size} workers wrote their state; call start_checkpoint for "
+                "this step, then finish_checkpoint once"
+            )
+        store = open_store(pending.store_url, endpoint_url=pending.endpoint_url)
+        key = checkpoint.commit(store, pending.job, pending.step, entries, keep_last=keep_last)
+        return CheckpointReport(
+            step=pending.step,
+            manifest_key=key,
+            snapshot_s=max(pending.snapshot_s),
+            write_s=max(e.write_s for e in entries),
+            size_bytes=sum(e.size_bytes for e in entries),
+        )
+
+    def checkpoint(
+        self,
+        store_url: str,
+        job: str,
+        step: int,
+        *,
+        endpoint_url: str | None = None,
+        keep_last: int = 3,
+        timeout_s: float = 600.0,
+    ) -> CheckpointReport:
+        """Checkpoint the state after ``step`` and wait until it is committed."""
+        pending = self.start_checkpoint(
+            store_url, job, step, endpoint_url=endpoint_url, timeout_s=timeout_s
+        )
+        return self.finish_checkpoint(pending, keep_last=keep_last, timeout_s=timeout_s)
+
+    def restore(
+        self,
+        store_url: str,
+        job: str,
+        step: int | None = None,
+        *,
+        endpoint_url: str | None = None,
+        timeout_s: float = 600.0,
+    ) -> int:
+        """Load every worker's state at ``step`` (the latest complete step when None); returns the
+        step restored: train on from ``step + 1``."""
+        import ray
+
+        from runtime import checkpoint
+        from runtime.storage import open_store
+
+        if step is None:
+            store = open_store(store_url, endpoint_url=endpoint_url)
+            step = checkpoint.latest_complete(store, job)
+            if step is None:
+                raise checkpoint.CheckpointError(
+                    f"no complete checkpoint of job {job!r} in {store.url}: check the URL and job "
+                    "name, or start training from step 0"
+                )
+        ray.get(
+            [a.restore.remote(store_url, job, step, endpoint_url) for a in self.actors],
+            timeout=timeout_s,
+        )
+        return step
 
     def shutdown(self) -> None:
         import ray

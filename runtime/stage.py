@@ -63,6 +63,13 @@ class StageRunner:
         self.module = nn.Sequential(*layers[start:end])
         self.parameters = list(self.module.parameters())
         self.optimizer = make_optimizer(self.parameters, config)
+        # gradients live in one flat buffer (each .grad a view of it): backward accumulates into
+        # it in place and the all-reduce sends it as is, with no gather or scatter copy
+        self.flat_grad = torch.zeros(sum(p.numel() for p in self.parameters))
+        offset = 0
+        for p in self.parameters:
+            p.grad = self.flat_grad[offset : offset + p.numel()].view_as(p)
+            offset += p.numel()
         self.first, self.last = self.stage == 0, self.stage == layout.num_stages - 1
         self.tied = self._tied_parameter(layers) if layout.num_stages > 1 else None
         mbs = layout.microbatch_size
@@ -96,7 +103,7 @@ class StageRunner:
         return loss
 
     def _step(self, step: int) -> float | None:
-        self.optimizer.zero_grad(set_to_none=True)
+        self.flat_grad.zero_()  # not zero_grad(): the .grad views must stay
         kept: dict[int, tuple] = {}
         loss_sum = 0.0
         for kind, j in one_f_one_b(self.microbatches, self.layout.warmup[self.stage]):
@@ -169,17 +176,11 @@ class StageRunner:
         """Sum gradients over the stage's replicas (a flat ring, or inside each region, across
         regions and back), then the tied weight's two uses over the pipeline's first and last
         stage."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.parameters]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        layout, s = self.layout, self.stage
+        flat, layout = self.flat_grad, self.layout
         if layout.allreduce == "flat":
-            self.comm.all_reduce(flat, layout.dp_group(s))
+            self.comm.all_reduce(flat, layout.dp_group(self.stage))
         else:
             self._hierarchical(flat)
-        offset = 0
-        for p, g in zip(self.parameters, grads, strict=True):
-            p.grad = flat[offset : offset + g.numel()].view_as(g).clone()
-            offset += g.numel()
         if self.tied is not None:
             pipeline = layout.pipeline(self.replica)
             self.comm.all_reduce(self.tied.grad, (pipeline[0], pipeline[-1]))
