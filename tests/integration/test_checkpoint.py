@@ -9,6 +9,8 @@ import threading
 
 import pytest
 
+from tests.integration.conftest import FAKE_AWS
+
 torch = pytest.importorskip("torch")
 
 from runtime.checkpoint import (  # noqa: E402
@@ -99,30 +101,16 @@ class GatedStore(LocalStore):
 # --- one worker, local folder and S3 ---------------------------------------------------------
 
 
-FAKE_AWS = {
-    "AWS_ACCESS_KEY_ID": "testing",
-    "AWS_SECRET_ACCESS_KEY": "testing",
-    "AWS_DEFAULT_REGION": "us-east-1",
-}
-
-
 @pytest.fixture(scope="module")
-def s3_bucket():
-    """moto's S3 server on 127.0.0.1 with one bucket: (endpoint URL, bucket)."""
-    from moto.server import ThreadedMotoServer
-
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
+def s3_bucket(s3_endpoint):
+    """A bucket on the shared moto server: (endpoint URL, bucket)."""
     with pytest.MonkeyPatch.context() as patch:
         for key, value in FAKE_AWS.items():
             patch.setenv(key, value)
         import boto3
 
-        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="checkpoints")
-    yield endpoint, "checkpoints"
-    server.stop()
+        boto3.client("s3", endpoint_url=s3_endpoint).create_bucket(Bucket="checkpoints")
+    return s3_endpoint, "checkpoints"
 
 
 @pytest.fixture(params=["local", "s3"])
