@@ -1,0 +1,526 @@
+"""Our runtime against plain PyTorch on the same model, data, batch and optimizer, side by side.
+
+Usage: python bench/runtime_vs_torch.py [--model gpt-mini] [--global-batch 16] [--microbatch 2]
+       [--steps 4] [--warmup-steps 1] [--repeats 5] [--split L] [--allreduce flat] [--quick] [--json]
+
+Two comparisons, each with two processes of one thread (one CPU slot each):
+
+- DP: our ``WorkerGroup`` with 2 data-parallel replicas of the whole model against
+  ``DistributedDataParallel`` over gloo (what torchrun would start: 2 ranks, tcp rendezvous),
+  accumulating gradients over the rank's microbatches under ``no_sync()`` except the last.
+- PP: our 2-stage 1F1B pipeline against ``torch.distributed.pipelining``'s ``Schedule1F1B`` on
+  the same split (in torch 2.13 the class is ``Schedule1F1B``; there is no ``ScheduleOneFOneB``).
+
+Same model: ``runtime.models.gpt.build_layers`` with one seed, every rank slicing its layers. Same
+data: sample ``k`` of ``ByteCorpus.stdlib`` (same corpus size), rank ``i`` of DP taking the
+``i``-th contiguous share of each step's batch, as our replicas do. Same optimizer:
+``runtime.reference.make_optimizer``. Same loss scale: our microbatch loss is its mean times
+``microbatch / global batch``, gradients summed over microbatches and replicas. DDP averages over
+its 2 ranks, so its microbatch loss is scaled by ``2 x microbatch / global batch``; the pipeline
+schedule's ``loss_fn`` multiplies by ``microbatch / global batch`` with ``scale_grads=False`` (its
+default, ``scale_grads=True``, divides the summed gradients by the microbatch count afterwards: the
+same mean, in another rounding order). The tied embedding/head weight sits on both pipeline stages;
+torch's pipelining does not sync it, so its side all-reduces that gradient after each step, as ours
+does (as Megatron-LM does).
+
+Both sides stay started for the whole run and take turns, repeat by repeat (A, B, then B, A, ...),
+because this VM is shared and its speed drifts: each turn runs ``--warmup-steps`` untimed steps and
+then ``--steps`` timed ones, continuing the step count, so both sides train the same sequence of
+steps and their losses can be compared step by step. Ours is timed at the driver around
+``WorkerGroup.step`` (the Ray round trip per step is part of our cost); torch between barriers on
+its ranks. Target: ours / torch >= 0.95 in samples/s (medians over repeats), for DP and for PP.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import socket
+import statistics
+import sys
+import time
+import traceback
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from runtime.layout import Layout, WorkerSpec  # noqa: E402
+from runtime.models.specs import BUILTIN_MODELS, model_spec  # noqa: E402
+from runtime.reference import TrainConfig  # noqa: E402
+
+PLACE = "local/bench/bench-a"  # both workers of a comparison share one place
+TARGET_RATIO = 0.95
+WORLD = 2
+CORPUS_BYTES = 2**20
+TURN_TIMEOUT_S = 900.0  # one turn of one side; a hung rank fails the run instead of blocking it
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchConfig:
+    model: str = "gpt-mini"
+    global_batch: int = 16
+    microbatch: int = 2
+    steps: int = 4  # timed steps per turn
+    warmup_steps: int = 1  # untimed steps before each turn's timed ones
+    repeats: int = 5  # turns per side
+    split: int | None = None  # first layer of stage 1; None: half the layers
+    allreduce: str = "flat"  # our DP gradient sync: "flat" or "hierarchical"
+    learning_rate: float = 1e-3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.model not in BUILTIN_MODELS:
+            raise ValueError(
+                f"--model {self.model} is not built in; one of {sorted(BUILTIN_MODELS)}"
+            )
+        spec = model_spec(self.model)
+        if spec.family != "gpt":
+            raise ValueError(f"--model {self.model} is a {spec.family}; use a GPT (gpt-tiny, ...)")
+        microbatches, rest = divmod(self.global_batch, self.microbatch)
+        if rest or microbatches % WORLD:
+            raise ValueError(
+                f"--global-batch {self.global_batch} must be a multiple of 2 x --microbatch "
+                f"{self.microbatch} (an equal share of microbatches for each of 2 DP ranks)"
+            )
+        if min(self.steps, self.repeats) < 1 or self.warmup_steps < 0:
+            raise ValueError("--steps and --repeats must be at least 1, --warmup-steps at least 0")
+        if not 0 < self.split_layer < spec.num_layers:
+            raise ValueError(f"--split {self.split} must be in 1 .. {spec.num_layers - 1}")
+
+    @property
+    def microbatches(self) -> int:
+        return self.global_batch // self.microbatch
+
+    @property
+    def split_layer(self) -> int:
+        return model_spec(self.model).num_layers // 2 if self.split is None else self.split
+
+    def train_config(self) -> TrainConfig:
+        steps = self.repeats * (self.warmup_steps + self.steps)
+        return TrainConfig(
+            steps=steps,
+            global_batch_size=self.global_batch,
+            microbatch_size=self.microbatch,
+            learning_rate=self.learning_rate,
+            seed=self.seed,
+        )
+
+
+QUICK = BenchConfig(model="gpt-tiny", global_batch=4, microbatch=1, steps=2, repeats=2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Turn:
+    """One side's turn: seconds of its timed steps, and every step's loss (global batch mean)."""
+
+    elapsed_s: float
+    losses: dict[int, float]
+
+
+# -- ours: WorkerGroup on the local Ray cluster ------------------------------------------------
+
+
+def our_layout(kind: str, config: BenchConfig) -> Layout:
+    spec = model_spec(config.model)
+    if kind == "dp":
+        share = config.microbatches // WORLD
+        workers = tuple(
+            WorkerSpec(stage=0, replica=i, place=PLACE, microbatches=share) for i in range(WORLD)
+        )
+        layers, warmup = ((0, spec.num_layers),), (0,)
+    else:
+        workers = tuple(
+            WorkerSpec(stage=s, replica=0, place=PLACE, microbatches=config.microbatches)
+            for s in range(WORLD)
+        )
+        layers = ((0, config.split_layer), (config.split_layer, spec.num_layers))
+        warmup = (1, 0)  # standard 1F1B: P - s - 1
+    return Layout(
+        model=config.model,
+        layers=layers,
+        workers=workers,
+        microbatch_size=config.microbatch,
+        warmup=warmup,
+        allreduce=config.allreduce,
+    )
+
+
+class OurSide:
+    def __init__(self, kind: str, config: BenchConfig) -> None:
+        from runtime.group import WorkerGroup
+
+        self.config = config
+        self.group = WorkerGroup.start(
+            our_layout(kind, config), config.train_config(), corpus_bytes=CORPUS_BYTES
+        )
+
+    def turn(self, first_step: int) -> Turn:
+        losses = {}
+        for step in range(first_step, first_step + self.config.warmup_steps):
+            losses[step] = self.group.step(step)
+        timed = first_step + self.config.warmup_steps
+        start = time.perf_counter()
+        for step in range(timed, timed + self.config.steps):
+            losses[step] = self.group.step(step)
+        return Turn(elapsed_s=time.perf_counter() - start, losses=losses)
+
+    def phases_s(self) -> list[dict[str, float]]:
+        """Each rank's seconds per phase in its last step (compute, waits, sync, optimizer)."""
+        return [c["last_step_phases_s"] for c in self.group.counters()]
+
+    def close(self) -> None:
+        self.group.shutdown()
+
+
+# -- torch: 2 spawned ranks, DDP or pipelining -------------------------------------------------
+
+
+class TorchSide:
+    """Two spawned processes, each one torch rank, that train a turn when told to."""
+
+    def __init__(self, kind: str, config: BenchConfig) -> None:
+        import torch.multiprocessing as mp
+
+        context = mp.get_context("spawn")
+        self.config, self.results = config, context.Queue()
+        self.commands = [context.Queue() for _ in range(WORLD)]
+        init_method = f"tcp://127.0.0.1:{_free_port()}"
+        self.processes = [
+            context.Process(
+                target=_torch_rank,
+                args=(kind, config, rank, init_method, self.commands[rank], self.results),
+                daemon=True,
+            )
+            for rank in range(WORLD)
+        ]
+        for process in self.processes:
+            process.start()
+        # the ranks import torch and build their model: wait, so that no turn shares the CPU
+        # with that start
+        for _ in range(WORLD):
+            self._reply("ready")
+
+    def turn(self, first_step: int) -> Turn:
+        for commands in self.commands:
+            commands.put(first_step)
+        replies = [self._reply("turn") for _ in range(WORLD)]
+        # DP: each rank's share of the mean; PP: the last stage's, the first stage's are 0
+        losses = {step: sum(losses[step] for _, losses in replies) for step in replies[0][1]}
+        return Turn(elapsed_s=max(elapsed_s for elapsed_s, _ in replies), losses=losses)
+
+    def _reply(self, kind: str):
+        """The next message of a rank: ("ready",), ("turn", seconds, losses) or ("error", text)."""
+        try:
+            reply = self.results.get(timeout=TURN_TIMEOUT_S)
+        except queue.Empty:
+            alive = [p.is_alive() for p in self.processes]
+            raise RuntimeError(
+                f"a torch rank gave no result within {TURN_TIMEOUT_S:.0f} s (alive: {alive}); "
+                "run with smaller --global-batch/--steps, or check the machine's load"
+            ) from None
+        if reply[0] == "error":
+            raise RuntimeError(f"a torch rank failed:\n{reply[1]}")
+        assert reply[0] == kind, f"expected a {kind!r} message from a torch rank, got {reply[0]!r}"
+        return reply[1:]
+
+    def close(self) -> None:
+        for commands in self.commands:
+            commands.put(None)
+        for process in self.processes:
+            process.join(timeout=60)
+            if process.is_alive():
+                process.kill()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _torch_rank(
+    kind: str, config: BenchConfig, rank: int, init_method: str, commands, results
+) -> None:
+    """A rank's life: join the group, build its trainer, run turns until told to stop. An error
+    travels to the parent as text (the parent raises it), so a failed rank never hangs the run."""
+    import torch
+    import torch.distributed as dist
+
+    try:
+        torch.set_num_threads(1)  # one CPU slot per rank, as each of our workers has
+        dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD)
+        train_step = (_ddp_trainer if kind == "dp" else _pipeline_trainer)(config, rank)
+        results.put(("ready",))
+        while (first_step := commands.get()) is not None:
+            results.put(("turn", *_torch_turn(train_step, config, first_step)))
+        dist.destroy_process_group()
+    except Exception:  # reported to the parent, which raises it with this traceback
+        results.put(("error", f"rank {rank}: {traceback.format_exc()}"))
+
+
+def _torch_turn(train_step, config: BenchConfig, first_step: int) -> tuple[float, dict]:
+    import torch.distributed as dist
+
+    losses = {}
+    for step in range(first_step, first_step + config.warmup_steps):
+        losses[step] = train_step(step)
+    dist.barrier()  # both ranks start the clock together, as our driver's step call starts both
+    timed = first_step + config.warmup_steps
+    start = time.perf_counter()
+    for step in range(timed, timed + config.steps):
+        losses[step] = train_step(step)
+    dist.barrier()
+    return time.perf_counter() - start, losses
+
+
+def _ddp_trainer(config: BenchConfig, rank: int):
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel
+
+    from runtime.data.text import ByteCorpus
+    from runtime.models.gpt import build_layers, next_token_loss
+    from runtime.reference import make_optimizer
+
+    spec, train = model_spec(config.model), config.train_config()
+    corpus = ByteCorpus.stdlib(max_bytes=CORPUS_BYTES)
+    model = DistributedDataParallel(nn.Sequential(*build_layers(spec, seed=config.seed)))
+    optimizer = make_optimizer(model.parameters(), train)
+    share = config.microbatches // WORLD
+    scale = config.microbatch / config.global_batch  # our per-microbatch loss scale
+
+    def train_step(step: int) -> float:
+        optimizer.zero_grad(set_to_none=True)
+        first = step * config.global_batch + rank * share * config.microbatch
+        total = 0.0
+        for j in range(share):
+            inputs, targets = corpus.samples(
+                first + j * config.microbatch,
+                config.microbatch,
+                seq_len=spec.seq_len,
+                seed=config.seed,
+            )
+            # DDP all-reduces (in buckets, during the last backward) only after the last microbatch
+            with model.no_sync() if j < share - 1 else nullcontext():
+                loss = next_token_loss(model(inputs), targets) * scale
+                (loss * WORLD).backward()  # DDP averages over its ranks; we sum: undo its 1/WORLD
+            total += loss.item()
+        optimizer.step()
+        return total
+
+    return train_step
+
+
+def _pipeline_trainer(config: BenchConfig, rank: int):
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from runtime.data.text import ByteCorpus
+    from runtime.models.gpt import build_layers, next_token_loss
+    from runtime.reference import make_optimizer
+
+    spec, train = model_spec(config.model), config.train_config()
+    corpus = ByteCorpus.stdlib(max_bytes=CORPUS_BYTES)
+    layers = build_layers(spec, seed=config.seed)
+    span = (0, config.split_layer) if rank == 0 else (config.split_layer, spec.num_layers)
+    module = nn.Sequential(*layers[span[0] : span[1]])
+    stage = PipelineStage(module, rank, WORLD, torch.device("cpu"))
+    scale = config.microbatch / config.global_batch
+
+    def loss_fn(logits, targets):
+        return next_token_loss(logits, targets) * scale
+
+    schedule = Schedule1F1B(stage, config.microbatches, loss_fn=loss_fn, scale_grads=False)
+    optimizer = make_optimizer(module.parameters(), train)
+    # stage 0 holds the embedding, stage 1 the head; with tied embeddings both use one weight
+    tied = layers[0].tokens.weight if spec.tied_embeddings else None
+
+    def train_step(step: int) -> float:
+        optimizer.zero_grad(set_to_none=True)
+        inputs, targets = corpus.samples(
+            step * config.global_batch, config.global_batch, seq_len=spec.seq_len, seed=config.seed
+        )
+        losses: list = []
+        if rank == 0:
+            schedule.step(inputs, return_outputs=False)
+        else:
+            schedule.step(target=targets, losses=losses, return_outputs=False)
+        if tied is not None:
+            dist.all_reduce(tied.grad)
+        optimizer.step()
+        return sum(loss.item() for loss in losses)
+
+    return train_step
+
+
+# -- the comparison ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True)
+class Comparison:
+    name: str
+    ours_samples_per_s: float  # median over repeats
+    torch_samples_per_s: float
+    ratio: float  # ours / torch, of the medians
+    paired_ratio: float  # median over repeats of (ours / torch) in the same repeat
+    ours_repeats_samples_per_s: list[float]
+    torch_repeats_samples_per_s: list[float]
+    ours_final_loss: float
+    torch_final_loss: float
+    max_loss_relative_difference: float  # over every step both sides trained
+    ours_last_step_phases_s: list[dict[str, float]]
+
+
+NAMES = {"dp": "DP, 2 replicas vs DDP (gloo)", "pp": "PP, 2-stage 1F1B vs Schedule1F1B"}
+
+
+def compare(kind: str, config: BenchConfig) -> Comparison:
+    ours, theirs = OurSide(kind, config), None
+    try:
+        theirs = TorchSide(kind, config)
+        ours_turns, torch_turns = _take_turns(ours, theirs, config)
+        phases = ours.phases_s()
+    finally:
+        ours.close()
+        if theirs is not None:
+            theirs.close()
+    return _summarise(kind, config, ours_turns, torch_turns, phases)
+
+
+def _take_turns(ours: OurSide, theirs: TorchSide, config: BenchConfig):
+    """Turns alternate who goes first (A B, B A, ...), so a drift in the machine's speed within a
+    repeat does not always favour the same side."""
+    ours_turns, torch_turns = [], []
+    per_turn = config.warmup_steps + config.steps
+    for repeat in range(config.repeats):
+        first_step = repeat * per_turn
+        order = [(ours, ours_turns), (theirs, torch_turns)]
+        for side, turns in order if repeat % 2 == 0 else order[::-1]:
+            turns.append(side.turn(first_step))
+    return ours_turns, torch_turns
+
+
+def _summarise(kind, config, ours_turns, torch_turns, phases) -> Comparison:
+    samples = config.steps * config.global_batch
+    ours_rates = [samples / t.elapsed_s for t in ours_turns]
+    torch_rates = [samples / t.elapsed_s for t in torch_turns]
+    ours_losses = {k: v for t in ours_turns for k, v in t.losses.items()}
+    torch_losses = {k: v for t in torch_turns for k, v in t.losses.items()}
+    last = max(ours_losses)
+    return Comparison(
+        name=NAMES[kind],
+        ours_samples_per_s=statistics.median(ours_rates),
+        torch_samples_per_s=statistics.median(torch_rates),
+        ratio=statistics.median(ours_rates) / statistics.median(torch_rates),
+        paired_ratio=statistics.median(a / b for a, b in zip(ours_rates, torch_rates, strict=True)),
+        ours_repeats_samples_per_s=ours_rates,
+        torch_repeats_samples_per_s=torch_rates,
+        ours_final_loss=ours_losses[last],
+        torch_final_loss=torch_losses[last],
+        max_loss_relative_difference=max(
+            abs(ours_losses[k] - torch_losses[k]) / abs(torch_losses[k]) for k in ours_losses
+        ),
+        ours_last_step_phases_s=phases,
+    )
+
+
+def start_ray() -> None:
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # one CPU slot per worker, in the one place both workers share
+    ray.init(
+        num_cpus=WORLD,
+        resources={f"infra:{PLACE}": WORLD},
+        include_dashboard=False,
+        log_to_driver=False,
+    )
+
+
+def report(config: BenchConfig, comparisons: list[Comparison]) -> str:
+    lines = [
+        f"runtime vs torch: {config.model}, global batch {config.global_batch}, microbatch "
+        f"{config.microbatch}, {config.steps} timed steps (+{config.warmup_steps} warm-up) x "
+        f"{config.repeats} interleaved repeats, 2 processes x 1 thread; PP split at layer "
+        f"{config.split_layer}; our DP sync: {config.allreduce}"
+    ]
+    for c in comparisons:
+        verdict = "meets" if c.ratio >= TARGET_RATIO else "BELOW"
+        lines += [
+            f"{c.name}: ours {c.ours_samples_per_s:.2f} samples/s, torch "
+            f"{c.torch_samples_per_s:.2f} samples/s, ratio {c.ratio:.3f} (paired "
+            f"{c.paired_ratio:.3f}; target >= {TARGET_RATIO}: {verdict})",
+            f"  final loss: ours {c.ours_final_loss:.6f}, torch {c.torch_final_loss:.6f}; largest "
+            f"relative difference over all steps {c.max_loss_relative_difference:.1e}",
+            "  our last step, seconds per phase: "
+            + "; ".join(
+                f"rank {r}: " + ", ".join(f"{k} {v:.3f}" for k, v in sorted(p.items()))
+                for r, p in enumerate(c.ours_last_step_phases_s)
+            ),
+        ]
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> tuple[BenchConfig, bool]:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    defaults = BenchConfig()
+    parser.add_argument("--model", default=defaults.model)
+    parser.add_argument("--global-batch", type=int, default=defaults.global_batch)
+    parser.add_argument("--microbatch", type=int, default=defaults.microbatch)
+    parser.add_argument("--steps", type=int, default=defaults.steps)
+    parser.add_argument("--warmup-steps", type=int, default=defaults.warmup_steps)
+    parser.add_argument("--repeats", type=int, default=defaults.repeats)
+    parser.add_argument("--split", type=int, default=None, help="first layer of stage 1")
+    parser.add_argument("--allreduce", choices=("flat", "hierarchical"), default=defaults.allreduce)
+    parser.add_argument(
+        "--quick", action="store_true", help=f"a seconds-long check: {QUICK.model}, tiny batch"
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON document")
+    args = parser.parse_args(argv)
+    chosen = {
+        "model": args.model,
+        "global_batch": args.global_batch,
+        "microbatch": args.microbatch,
+        "steps": args.steps,
+        "warmup_steps": args.warmup_steps,
+        "repeats": args.repeats,
+        "split": args.split,
+        "allreduce": args.allreduce,
+    }
+    # --quick replaces the sizes the user left at their defaults
+    base = QUICK if args.quick else defaults
+    overrides = {k: v for k, v in chosen.items() if v != getattr(defaults, k)}
+    try:
+        return replace(base, **overrides), args.json
+    except ValueError as error:
+        parser.error(str(error))
+
+
+def main(argv: list[str] | None = None) -> int:
+    config, as_json = parse_args(argv)
+    start_ray()
+    try:
+        comparisons = [compare(kind, config) for kind in ("dp", "pp")]
+    finally:
+        import ray
+
+        ray.shutdown()
+    if as_json:
+        document = {
+            "config": asdict(config),
+            "target_ratio": TARGET_RATIO,
+            "comparisons": [asdict(c) for c in comparisons],
+        }
+        print(json.dumps(document, indent=2))
+    else:
+        print(report(config, comparisons))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
