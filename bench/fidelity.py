@@ -3,7 +3,8 @@
 Usage: python bench/fidelity.py [--model gpt-mini] [--steps 4] [--warmup-steps 2] [--quick]
 
 1. Profile the model on this machine (runtime/profiler.py, one thread: one worker's CPU slot stands
-   in for a T4 of the local simulated cloud).
+   in for a T4 of the local simulated cloud), with as many profilers at once as a layout has workers
+   (``--profile-copies``), so the slot is measured as busy as it is in training.
 2. For each layout (data parallel, pipeline, with and without emulated cross-zone / cross-region
    links, latency-aware warm-up), predict the iteration time with the simulator on that measured
    profile and the catalog's network, exactly as `simulate` does.
@@ -67,6 +68,26 @@ def build_plan(layers, pipelines, *, global_batch: int, microbatch: int) -> Plan
     return plan
 
 
+def _profile_once(model: str, microbatch: int):
+    from runtime.models.specs import model_spec
+    from runtime.profiler import ProfilerConfig, profile_gpt
+
+    config = ProfilerConfig(microbatch_sizes=(microbatch,), repeats=9)
+    return profile_gpt(model_spec(model), config)
+
+
+def _profile(spec, microbatch: int, *, copies: int):
+    """The profile of one CPU slot while ``copies - 1`` other slots run the same work: a worker
+    of a layout shares this machine's cores, caches and memory bandwidth with the others."""
+    if copies <= 1:
+        return _profile_once(spec.name, microbatch)
+    import multiprocessing
+
+    with multiprocessing.get_context("spawn").Pool(copies) as pool:
+        measurements = pool.starmap(_profile_once, [(spec.name, microbatch)] * copies)
+    return measurements[0]
+
+
 def run_layout(layout, config, *, steps: int, warmup_steps: int) -> float:
     """Median seconds per step after ``warmup_steps``."""
     from runtime.group import WorkerGroup
@@ -91,6 +112,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="gpt-tiny, 3 layouts, 2 steps")
+    parser.add_argument(
+        "--profile-copies",
+        type=int,
+        default=2,
+        help="profilers run at once: as many as workers share this machine, so each measures a "
+        "CPU slot as busy as in training (1: a slot alone)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.model, args.steps, args.warmup_steps = "gpt-tiny", 2, 1
@@ -98,14 +126,16 @@ def main() -> None:
     import ray
 
     from runtime.models.specs import model_spec
-    from runtime.profiler import ProfilerConfig, profile_gpt
     from runtime.reference import TrainConfig
 
     spec = model_spec(args.model)
     started = time.perf_counter()
-    measurement = profile_gpt(spec, ProfilerConfig(microbatch_sizes=(args.microbatch,), repeats=9))
+    measurement = _profile(spec, args.microbatch, copies=args.profile_copies)
     profile = measured_profile(measurement, gpu=GPU, precision="fp32")
-    print(f"profiled {args.model} in {time.perf_counter() - started:.1f} s (1 thread, as T4)")
+    print(
+        f"profiled {args.model} in {time.perf_counter() - started:.1f} s (1 thread, as T4; "
+        f"{args.profile_copies} profiler(s) at once)"
+    )
 
     catalog = default_catalog()
     network, prices, settings = views_for(catalog, catalog.market("local"))
