@@ -6,7 +6,7 @@ Usage: python bench/fidelity.py [--model gpt-mini] [--steps 4] [--warmup-steps 2
    in for a T4 of the local simulated cloud), with as many profilers at once as a layout has workers
    (``--profile-copies``), so the slot is measured as busy as it is in training.
 2. For each layout (data parallel, pipeline, with and without emulated cross-zone / cross-region
-   links, latency-aware warm-up), predict the iteration time with the simulator on that measured
+   links, latency-aware warm-up, fp16/int8 compression of the cross-region hop), predict the iteration time with the simulator on that measured
    profile and the catalog's network, exactly as `simulate` does.
 3. Run it: the runtime's Ray actor group on a local Ray cluster, with the layout's links emulated
    at the latency and bandwidth the simulator assumed; the median step time after warm-up steps.
@@ -37,8 +37,9 @@ US_A, US_B, EU_A = "local/sim-us/sim-us-a", "local/sim-us/sim-us-b", "local/sim-
 GPU = "T4"
 
 
-def layouts(num_layers: int) -> list[tuple[str, list[tuple[int, int]], list[list[str]], bool]]:
-    """(name, stage layer ranges, per pipeline the place of each stage, latency-aware warm-up)."""
+def layouts(num_layers: int) -> list[tuple]:
+    """(name, stage layer ranges, per pipeline the place of each stage, latency-aware warm-up,
+    and optionally the cross-region compression of a hierarchical all-reduce)."""
     half, third = num_layers // 2, num_layers // 3
     even, uneven = [(0, half), (half, num_layers)], [(0, third), (third, num_layers)]
     whole = [(0, num_layers)]
@@ -52,17 +53,22 @@ def layouts(num_layers: int) -> list[tuple[str, list[tuple[int, int]], list[list
         ("PP2, two zones of a region", even, [[US_A, US_B]], False),
         ("PP2, two continents", even, [[US_A, EU_A]], False),
         ("PP2, two continents, latency-aware warm-up", even, [[US_A, EU_A]], True),
+        ("DP2, two continents, hierarchical, fp16 hop", whole, [[US_A], [EU_A]], False, "fp16"),
+        ("DP2, two continents, hierarchical, int8 hop", whole, [[US_A], [EU_A]], False, "int8"),
     ]
 
 
-def build_plan(layers, pipelines, *, global_batch: int, microbatch: int) -> Plan:
+def build_plan(
+    layers, pipelines, *, global_batch: int, microbatch: int, compression: str = "none"
+) -> Plan:
     rows = [(1, [Replica(gpu=GPU, infra=place) for place in places]) for places in pipelines]
     plan = Plan.from_pipelines(
         global_batch_size=global_batch,
         microbatch_size=microbatch,
         layers=layers,
         pipelines=rows,
-        allreduce="flat",
+        allreduce="flat" if compression == "none" else "hierarchical",
+        compression=compression,
     )
     check_plan(plan)
     return plan
@@ -155,9 +161,13 @@ def main() -> None:
     rows, errors = [], []
     try:
         chosen = layouts(spec.num_layers)
-        for name, layers, pipelines, aware in chosen[:3] if args.quick else chosen:
+        for name, layers, pipelines, aware, *compression in chosen[:3] if args.quick else chosen:
             plan = build_plan(
-                layers, pipelines, global_batch=args.global_batch, microbatch=args.microbatch
+                layers,
+                pipelines,
+                global_batch=args.global_batch,
+                microbatch=args.microbatch,
+                compression=compression[0] if compression else "none",
             )
             if aware:
                 plan = plan.with_warmup(latency_aware_plan_warmup(profile, plan, network))

@@ -121,11 +121,26 @@ class Comm:
                 "broadcast", tensor, ranks, lambda g: dist.broadcast(tensor, src=ranks[0], group=g)
             )
 
-    def _collective(self, kind: str, tensor: torch.Tensor, ranks: tuple[int, ...], run) -> None:
+    def compressed_all_reduce(self, flat: torch.Tensor, ranks: tuple[int, ...], compressor) -> None:
+        """``all_reduce`` of the cross-region hop through ``compressor`` (compression.py)."""
+        if len(ranks) > 1:
+            sent: list[int] = []
+
+            def run(group) -> None:
+                sent.append(compressor.all_reduce(flat, group, len(ranks)))
+
+            self._collective(
+                "all_reduce", flat, ranks, run, wire_bytes=lambda: sent[0] / (len(ranks) - 1)
+            )
+
+    def _collective(
+        self, kind: str, tensor: torch.Tensor, ranks: tuple[int, ...], run, wire_bytes=None
+    ) -> None:
         start = time.perf_counter()
         run(self._groups[ranks])
         if self.layout.links:
-            modeled = collective_s(self.layout, ranks, kind, tensor.numel() * tensor.element_size())
+            size = wire_bytes() if wire_bytes else tensor.numel() * tensor.element_size()
+            modeled = collective_s(self.layout, ranks, kind, size)
             left = modeled - (time.perf_counter() - start)
             if left > 0:  # pacing: the emulated links are slower than this machine's
                 threading.Event().wait(left)

@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from runtime.comm import Comm
+from runtime.compression import CrossRegionCompressor
 from runtime.data.text import ByteCorpus
 from runtime.layout import Layout, LayoutError
 from runtime.models.gpt import build_layers, next_token_loss
@@ -38,10 +39,6 @@ class StageRunner:
     def __init__(
         self, layout: Layout, rank: int, *, config: TrainConfig, corpus: ByteCorpus, comm: Comm
     ) -> None:
-        if layout.compression != "none":
-            raise LayoutError(
-                f"compression {layout.compression!r} is not in the runtime yet: use none"
-            )
         worker = layout.workers[rank]
         self.layout, self.rank, self.config, self.corpus, self.comm = (
             layout,
@@ -78,6 +75,10 @@ class StageRunner:
         )
         self.activation_shape = (mbs, self.spec.seq_len, self.spec.hidden_size)
         self.last_phases_s: dict[str, float] = {}
+        # the cross-region hop's compression (region leaders only use it)
+        self.compressor = (
+            CrossRegionCompressor(layout.compression) if layout.compression != "none" else None
+        )
 
     def _tied_parameter(self, layers: list[nn.Module]) -> nn.Parameter | None:
         """The tied embedding/head weight if this stage holds one of its two uses."""
@@ -127,6 +128,7 @@ class StageRunner:
             "module": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "torch_rng": torch.random.get_rng_state(),
+            "compression": self.compressor.state_dict() if self.compressor else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -138,6 +140,8 @@ class StageRunner:
         self.module.load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
         torch.random.set_rng_state(state["torch_rng"])
+        if self.compressor is not None and state.get("compression"):
+            self.compressor.load_state_dict(state["compression"])
 
     def _samples(self, step: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         mbs = self.layout.microbatch_size
@@ -192,5 +196,9 @@ class StageRunner:
         region = next(g for g in layout.region_groups(s) if rank in g)
         self.comm.reduce(flat, region)
         if rank == region[0]:
-            self.comm.all_reduce(flat, layout.cross_region_group(s))
+            leaders = layout.cross_region_group(s)
+            if self.compressor is not None:
+                self.comm.compressed_all_reduce(flat, leaders, self.compressor)
+            else:
+                self.comm.all_reduce(flat, leaders)
         self.comm.broadcast(flat, region)

@@ -60,7 +60,7 @@ def expected():
     return reference_losses(model_spec("gpt-tiny"), corpus, CONFIG)
 
 
-def _plan(layers, places, allreduce="hierarchical") -> Plan:
+def _plan(layers, places, allreduce="hierarchical", compression="none") -> Plan:
     rows = [(1, [Replica(gpu="T4", infra=p) for _ in layers]) for p in places]
     microbatches = CONFIG.global_batch_size // CONFIG.microbatch_size
     shares = [
@@ -72,6 +72,7 @@ def _plan(layers, places, allreduce="hierarchical") -> Plan:
         layers=layers,
         pipelines=rows,
         allreduce=allreduce,
+        compression=compression,
         pipeline_microbatches=None if len(set(shares)) == 1 else tuple(shares),
     )
     check_plan(plan)
@@ -163,3 +164,26 @@ def test_emulated_links_slow_steps_as_modeled_and_keep_the_losses(
     assert min(durations) >= floor_s, durations
     for got, want in zip(losses, expected, strict=False):
         assert abs(got - want) <= RELATIVE_TOLERANCE * want
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("compression", "closeness"), [("fp16", 1e-3), ("int8", 1e-2)])
+def test_compressed_cross_region_hop_trains_close_to_the_exact_run(
+    ray_cluster, expected, compression, closeness
+):
+    """DP over three replicas in two regions: the region leaders exchange fp16 or int8 gradients
+    (with error feedback); losses stay within ``closeness`` of the exact run's, and differ from it
+    (the compression is really applied)."""
+    from runtime.group import WorkerGroup
+
+    plan = _plan([(0, 6)], [A1, A2, B1], "hierarchical", compression)
+    group = WorkerGroup.start(
+        layout_from_plan(plan, model="gpt-tiny"), CONFIG, corpus_bytes=CORPUS_BYTES
+    )
+    try:
+        losses = [group.step(step) for step in range(CONFIG.steps)]
+    finally:
+        group.shutdown()
+    gaps = [abs(got - want) / want for got, want in zip(losses, expected, strict=True)]
+    assert max(gaps) <= closeness, gaps
+    assert max(gaps[1:]) > 1e-7, "compression changed nothing"
