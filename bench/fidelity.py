@@ -3,8 +3,8 @@
 Usage: python bench/fidelity.py [--model gpt-mini] [--steps 4] [--warmup-steps 2] [--quick]
 
 1. Profile the model on this machine (runtime/profiler.py, one thread: one worker's CPU slot stands
-   in for a T4 of the local simulated cloud), with as many profilers at once as a layout has workers
-   (``--profile-copies``), so the slot is measured as busy as it is in training.
+   in for a T4 of the local simulated cloud), with as many profilers at once as the layout has
+   workers (``--profile-copies``), so each slot is measured as busy as it is in training.
 2. For each layout (data parallel, pipeline, with and without emulated cross-zone / cross-region
    links, latency-aware warm-up, fp16/int8 compression of the cross-region hop), predict the iteration time with the simulator on that measured
    profile and the catalog's network, exactly as `simulate` does.
@@ -121,9 +121,9 @@ def main() -> None:
     parser.add_argument(
         "--profile-copies",
         type=int,
-        default=2,
-        help="profilers run at once: as many as workers share this machine, so each measures a "
-        "CPU slot as busy as in training (1: a slot alone)",
+        default=0,
+        help="profilers run at once (default 0: as many as the layout has workers, so each CPU "
+        "slot is measured as busy as it is in training; 1: a slot alone)",
     )
     args = parser.parse_args()
     if args.quick:
@@ -135,13 +135,20 @@ def main() -> None:
     from runtime.reference import TrainConfig
 
     spec = model_spec(args.model)
-    started = time.perf_counter()
-    measurement = _profile(spec, args.microbatch, copies=args.profile_copies)
-    profile = measured_profile(measurement, gpu=GPU, precision="fp32")
-    print(
-        f"profiled {args.model} in {time.perf_counter() - started:.1f} s (1 thread, as T4; "
-        f"{args.profile_copies} profiler(s) at once)"
-    )
+    profiles: dict[int, object] = {}
+
+    def profile_for(workers: int):
+        """The profile of one CPU slot while as many slots are busy as the layout has workers."""
+        copies = workers if args.profile_copies == 0 else args.profile_copies
+        if copies not in profiles:
+            started = time.perf_counter()
+            measurement = _profile(spec, args.microbatch, copies=copies)
+            profiles[copies] = measured_profile(measurement, gpu=GPU, precision="fp32")
+            print(
+                f"profiled {args.model} in {time.perf_counter() - started:.1f} s "
+                f"(1 thread, as T4; {copies} profiler(s) at once)"
+            )
+        return profiles[copies]
 
     catalog = default_catalog()
     network, prices, settings = views_for(catalog, catalog.market("local"))
@@ -169,6 +176,7 @@ def main() -> None:
                 microbatch=args.microbatch,
                 compression=compression[0] if compression else "none",
             )
+            profile = profile_for(plan.total_gpus)
             if aware:
                 plan = plan.with_warmup(latency_aware_plan_warmup(profile, plan, network))
             estimate = simulate(profile, plan, network=network, prices=prices, settings=settings)
