@@ -34,14 +34,16 @@ class StageWorker:
         import torch
 
         from runtime.comm import Comm
-        from runtime.data.text import ByteCorpus
         from runtime.stage import StageRunner
+        from runtime.workload import build_workload
 
         torch.set_num_threads(1)  # one CPU slot per worker, as a GPU per worker on a GPU node
         comm = Comm(self.layout, self.rank, init_method=init_method, timeout_s=timeout_s)
-        corpus = ByteCorpus.stdlib(max_bytes=self.corpus_bytes)
+        workload = build_workload(
+            self.layout.model, seed=self.config.seed, corpus_bytes=self.corpus_bytes
+        )
         self.runner = StageRunner(
-            self.layout, self.rank, config=self.config, corpus=corpus, comm=comm
+            self.layout, self.rank, config=self.config, workload=workload, comm=comm
         )
         return ray.get_runtime_context().get_node_id()
 

@@ -39,8 +39,19 @@ def make_optimizer(parameters, config: TrainConfig) -> torch.optim.Optimizer:
 
 
 def reference_losses(spec: GptSpec, corpus: ByteCorpus, config: TrainConfig) -> list[float]:
+    """The loss of every step of a single-process run of a GPT on ``corpus``."""
+    from runtime.workload import Workload
+
+    def text(first: int, count: int):
+        return corpus.samples(first, count, seq_len=spec.seq_len, seed=config.seed)
+
+    layers = build_layers(spec, seed=config.seed)
+    return workload_losses(Workload(spec, layers, text, next_token_loss), config)
+
+
+def workload_losses(workload, config: TrainConfig) -> list[float]:
     """The loss of every step of a single-process run (mean over the global batch)."""
-    model = nn.Sequential(*build_layers(spec, seed=config.seed))
+    model = nn.Sequential(*workload.layers)
     optimizer = make_optimizer(model.parameters(), config)
     scale = config.microbatch_size / config.global_batch_size
     losses = []
@@ -48,13 +59,10 @@ def reference_losses(spec: GptSpec, corpus: ByteCorpus, config: TrainConfig) -> 
         optimizer.zero_grad(set_to_none=True)
         total = 0.0
         for first in range(0, config.global_batch_size, config.microbatch_size):
-            inputs, targets = corpus.samples(
-                step * config.global_batch_size + first,
-                config.microbatch_size,
-                seq_len=spec.seq_len,
-                seed=config.seed,
+            inputs, targets = workload.samples(
+                step * config.global_batch_size + first, config.microbatch_size
             )
-            loss = next_token_loss(model(inputs), targets) * scale
+            loss = workload.loss(model(inputs), targets) * scale
             loss.backward()
             total += loss.item()
         optimizer.step()

@@ -18,11 +18,9 @@ from torch import nn
 
 from runtime.comm import Comm
 from runtime.compression import CrossRegionCompressor
-from runtime.data.text import ByteCorpus
 from runtime.layout import Layout, LayoutError
-from runtime.models.gpt import build_layers, next_token_loss
-from runtime.models.specs import model_spec
 from runtime.reference import TrainConfig, make_optimizer
+from runtime.workload import Workload
 
 
 def one_f_one_b(microbatches: int, warmup: int) -> list[tuple[str, int]]:
@@ -37,27 +35,17 @@ def one_f_one_b(microbatches: int, warmup: int) -> list[tuple[str, int]]:
 
 class StageRunner:
     def __init__(
-        self, layout: Layout, rank: int, *, config: TrainConfig, corpus: ByteCorpus, comm: Comm
+        self, layout: Layout, rank: int, *, config: TrainConfig, workload: Workload, comm: Comm
     ) -> None:
         worker = layout.workers[rank]
-        self.layout, self.rank, self.config, self.corpus, self.comm = (
-            layout,
-            rank,
-            config,
-            corpus,
-            comm,
-        )
-        self.stage, self.replica, self.microbatches = (
-            worker.stage,
-            worker.replica,
-            worker.microbatches,
-        )
-        self.spec = model_spec(layout.model)
+        self.layout, self.rank, self.config, self.comm = layout, rank, config, comm
+        self.workload = workload
+        self.stage, self.replica = worker.stage, worker.replica
+        self.microbatches = worker.microbatches
         # every worker builds the whole model from the seed and keeps its stage: identical weights
         # everywhere without a broadcast (fine for the built-in sizes the CPU runtime trains)
-        layers = build_layers(self.spec, seed=config.seed)
         start, end = layout.layers[self.stage]
-        self.module = nn.Sequential(*layers[start:end])
+        self.module = nn.Sequential(*workload.layers[start:end])
         self.parameters = list(self.module.parameters())
         self.optimizer = make_optimizer(self.parameters, config)
         # gradients live in one flat buffer (each .grad a view of it): backward accumulates into
@@ -68,23 +56,18 @@ class StageRunner:
             p.grad = self.flat_grad[offset : offset + p.numel()].view_as(p)
             offset += p.numel()
         self.first, self.last = self.stage == 0, self.stage == layout.num_stages - 1
-        self.tied = self._tied_parameter(layers) if layout.num_stages > 1 else None
+        ends = layout.num_stages > 1 and (self.first or self.last)
+        self.tied = workload.tied if ends else None  # summed across the first and last stage
         mbs = layout.microbatch_size
         self.sample_offset = mbs * sum(
             layout.worker(0, i).microbatches for i in range(self.replica)
         )
-        self.activation_shape = (mbs, self.spec.seq_len, self.spec.hidden_size)
+        self.activation = workload.boundary(start, mbs) if not self.first else None
         self.last_phases_s: dict[str, float] = {}
         # the cross-region hop's compression (region leaders only use it)
         self.compressor = (
             CrossRegionCompressor(layout.compression) if layout.compression != "none" else None
         )
-
-    def _tied_parameter(self, layers: list[nn.Module]) -> nn.Parameter | None:
-        """The tied embedding/head weight if this stage holds one of its two uses."""
-        if not self.spec.tied_embeddings or not (self.first or self.last):
-            return None
-        return layers[0].tokens.weight
 
     def train_step(self, step: int) -> float | None:
         """One optimizer step; the last stage returns its pipeline's share of the loss. Records
@@ -146,7 +129,7 @@ class StageRunner:
     def _samples(self, step: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         mbs = self.layout.microbatch_size
         first = step * self.config.global_batch_size + self.sample_offset + j * mbs
-        return self.corpus.samples(first, mbs, seq_len=self.spec.seq_len, seed=self.config.seed)
+        return self.workload.samples(first, mbs)
 
     def _forward(self, step: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         layout = self.layout
@@ -154,14 +137,13 @@ class StageRunner:
             inputs = self._samples(step, j)[0]
         else:
             source = layout.rank(self.stage - 1, self.replica)
-            inputs = self.comm.recv(
-                self.activation_shape, torch.float32, source, phase="p2p_forward"
-            )
+            shape, dtype = self.activation
+            inputs = self.comm.recv(shape, dtype, source, phase="p2p_forward")
             inputs.requires_grad_()
         outputs = self.module(inputs)
         if self.last:
             scale = layout.microbatch_size / self.config.global_batch_size
-            return inputs, next_token_loss(outputs, self._samples(step, j)[1]) * scale
+            return inputs, self.workload.loss(outputs, self._samples(step, j)[1]) * scale
         self.comm.send(outputs.detach(), layout.rank(self.stage + 1, self.replica))
         return inputs, outputs
 

@@ -187,3 +187,28 @@ def test_compressed_cross_region_hop_trains_close_to_the_exact_run(
     gaps = [abs(got - want) / want for got, want in zip(losses, expected, strict=True)]
     assert max(gaps) <= closeness, gaps
     assert max(gaps[1:]) > 1e-7, "compression changed nothing"
+
+
+@pytest.mark.integration
+def test_the_cnn_trains_as_a_pipeline_like_the_single_process_run(ray_cluster):
+    """The ConvNeXt-style CNN on synthetic images, 2 stages x 2 replicas (activation shapes differ
+    at every cut): the same losses as one process."""
+    from runtime.group import WorkerGroup
+    from runtime.reference import workload_losses
+    from runtime.workload import build_workload
+
+    config = TrainConfig(
+        steps=4, global_batch_size=8, microbatch_size=2, learning_rate=3e-3, seed=2
+    )
+    want = workload_losses(build_workload("cnn-tiny", seed=config.seed), config)
+    rows = [(1, [Replica(gpu="T4", infra=p)] * 2) for p in (A1, A2)]
+    plan = Plan.from_pipelines(
+        global_batch_size=8, microbatch_size=2, layers=[(0, 3), (3, 7)], pipelines=rows
+    )
+    group = WorkerGroup.start(layout_from_plan(plan, model="cnn-tiny"), config)
+    try:
+        got = [group.step(step) for step in range(config.steps)]
+    finally:
+        group.shutdown()
+    for a, b in zip(got, want, strict=True):
+        assert abs(a - b) <= RELATIVE_TOLERANCE * b, (got, want)
