@@ -1,15 +1,22 @@
 """Fidelity: profile -> simulate -> run. Does the simulator predict what the runtime does?
 
-Usage: python bench/fidelity.py [--model gpt-mini] [--steps 4] [--warmup-steps 2] [--quick]
+Usage: python bench/fidelity.py [--model gpt-mini] [--steps 6] [--warmup-steps 2] [--rounds 3]
+                               [--quick] [--profile-once] [--phases] [--only TEXT ...]
 
 1. Profile the model on this machine (runtime/profiler.py, one thread: one worker's CPU slot stands
    in for a T4 of the local simulated cloud), with as many profilers at once as the layout has
-   workers (``--profile-copies``), so each slot is measured as busy as it is in training.
+   workers (``--profile-copies``), so each slot is measured as busy as it is in training. The
+   profile is taken again right before each layout runs: this shared VM's speed drifts by up to
+   ~10% over minutes, which would otherwise be read as the model's error (``--profile-once``
+   profiles once per worker count, as a user would).
 2. For each layout (data parallel, pipeline, with and without emulated cross-zone / cross-region
    links, latency-aware warm-up, fp16/int8 compression of the cross-region hop), predict the iteration time with the simulator on that measured
    profile and the catalog's network, exactly as `simulate` does.
 3. Run it: the runtime's Ray actor group on a local Ray cluster, with the layout's links emulated
-   at the latency and bandwidth the simulator assumed; the median step time after warm-up steps.
+   at the latency and bandwidth the simulator assumed; the median step time after warm-up steps,
+   and each worker's peak tensor memory (runtime/memory.py) against the simulator's peak less its
+   per-GPU framework overhead.
+4. Do it all ``--rounds`` times and report per layout the median error over rounds.
 
 Layouts use at most two workers: this VM has 2 cores, and the simulator assumes each worker owns
 its device; more workers than cores would measure CPU contention, not the model. Prints the table
@@ -94,8 +101,8 @@ def _profile(spec, microbatch: int, *, copies: int):
     return measurements[0]
 
 
-def run_layout(layout, config, *, steps: int, warmup_steps: int) -> float:
-    """Median seconds per step after ``warmup_steps``."""
+def run_layout(layout, config, *, steps: int, warmup_steps: int) -> tuple[float, list[dict]]:
+    """Median seconds per step after ``warmup_steps``, and each worker's phases of the last step."""
     from runtime.group import WorkerGroup
 
     group = WorkerGroup.start(layout, config)
@@ -105,9 +112,40 @@ def run_layout(layout, config, *, steps: int, warmup_steps: int) -> float:
             start = time.perf_counter()
             group.step(step)
             durations.append(time.perf_counter() - start)
+        counters = group.counters()
     finally:
         group.shutdown()
-    return statistics.median(durations[warmup_steps:])
+    return statistics.median(durations[warmup_steps:]), counters
+
+
+def memory_error(estimate, layout, counters: list[dict]) -> tuple[float, float, float] | None:
+    """The worst worker's (predicted, measured, error) tensor bytes: the simulator's peak less its
+    per-GPU framework overhead, against the runtime's measured tensor peak (runtime/memory.py)."""
+    predicted = {(m.stage, m.replica): m.parts.total - m.parts.overhead for m in estimate.memory}
+    worst = None
+    for c in counters:
+        measured = c.get("peak_tensor_bytes")
+        if measured is None:
+            return None
+        worker = layout.workers[c["rank"]]
+        guess = predicted[(worker.stage, worker.replica)]
+        error = (guess - measured) / measured
+        if worst is None or abs(error) > abs(worst[2]):
+            worst = (guess, measured, error)
+    return worst
+
+
+def _show_phases(estimate, phases: list[dict]) -> None:
+    """Predicted stage terms beside each worker's measured phases (seconds), to see which part of
+    a step a disagreement sits in."""
+    for stage in estimate.stages:
+        print(
+            f"    predicted stage {stage.stage}: finish {stage.finish_s:.3f} sync "
+            f"{stage.dp_sync_exposed_s:.3f} tied {stage.tied_wait_s:.3f} update {stage.update_s:.3f}"
+        )
+    for worker in phases:
+        parts = " ".join(f"{k} {v:.3f}" for k, v in sorted(worker["last_step_phases_s"].items()))
+        print(f"    measured rank {worker['rank']}: {parts}")
 
 
 def main() -> None:
@@ -115,9 +153,24 @@ def main() -> None:
     parser.add_argument("--model", default="gpt-mini")
     parser.add_argument("--global-batch", type=int, default=16)
     parser.add_argument("--microbatch", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="gpt-tiny, 3 layouts, 2 steps")
+    parser.add_argument(
+        "--profile-once",
+        action="store_true",
+        help="profile once per worker count instead of right before each layout",
+    )
+    parser.add_argument("--phases", action="store_true", help="print predicted and measured parts")
+    parser.add_argument(
+        "--only", nargs="*", default=[], help="run the layouts whose names contain one of these"
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="profile and run every layout this many times; the table shows the medians",
+    )
     parser.add_argument(
         "--profile-copies",
         type=int,
@@ -127,7 +180,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.quick:
-        args.model, args.steps, args.warmup_steps = "gpt-tiny", 2, 1
+        args.model, args.steps, args.warmup_steps, args.rounds = "gpt-tiny", 2, 1, 1
 
     import ray
 
@@ -140,7 +193,7 @@ def main() -> None:
     def profile_for(workers: int):
         """The profile of one CPU slot while as many slots are busy as the layout has workers."""
         copies = workers if args.profile_copies == 0 else args.profile_copies
-        if copies not in profiles:
+        if copies not in profiles or not args.profile_once:
             started = time.perf_counter()
             measurement = _profile(spec, args.microbatch, copies=copies)
             profiles[copies] = measured_profile(measurement, gpu=GPU, precision="fp32")
@@ -165,37 +218,81 @@ def main() -> None:
         include_dashboard=False,
         log_to_driver=False,
     )
-    rows, errors = [], []
+    results: dict[str, list[tuple]] = {}
     try:
         chosen = layouts(spec.num_layers)
-        for name, layers, pipelines, aware, *compression in chosen[:3] if args.quick else chosen:
-            plan = build_plan(
-                layers,
-                pipelines,
-                global_batch=args.global_batch,
-                microbatch=args.microbatch,
-                compression=compression[0] if compression else "none",
-            )
-            profile = profile_for(plan.total_gpus)
-            if aware:
-                plan = plan.with_warmup(latency_aware_plan_warmup(profile, plan, network))
-            estimate = simulate(profile, plan, network=network, prices=prices, settings=settings)
-            layout = layout_from_plan(plan, model=args.model, network=network)
-            measured = run_layout(layout, config, steps=args.steps, warmup_steps=args.warmup_steps)
-            error = (estimate.iteration_time_s - measured) / measured
-            errors.append(abs(error))
-            rows.append((name, plan.warmup, estimate.iteration_time_s, measured, error))
-            print(
-                f"{name:44s} warm-up {str(plan.warmup):8s} predicted {estimate.iteration_time_s:7.3f} s"
-                f"  measured {measured:7.3f} s  error {error:+6.1%}",
-                flush=True,
-            )
+        for round_ in range(args.rounds):
+            print(f"-- round {round_ + 1} of {args.rounds}")
+            picked = [c for c in chosen if not args.only or any(w in c[0] for w in args.only)]
+            for name, layers, pipelines, aware, *compression in (
+                picked[:3] if args.quick else picked
+            ):
+                plan = build_plan(
+                    layers,
+                    pipelines,
+                    global_batch=args.global_batch,
+                    microbatch=args.microbatch,
+                    compression=compression[0] if compression else "none",
+                )
+                profile = profile_for(plan.total_gpus)
+                if aware:
+                    plan = plan.with_warmup(latency_aware_plan_warmup(profile, plan, network))
+                estimate = simulate(
+                    profile, plan, network=network, prices=prices, settings=settings
+                )
+                layout = layout_from_plan(plan, model=args.model, network=network)
+                measured, counters = run_layout(
+                    layout, config, steps=args.steps, warmup_steps=args.warmup_steps
+                )
+                error = (estimate.iteration_time_s - measured) / measured
+                memory = memory_error(estimate, layout, counters)
+                results.setdefault(name, []).append(
+                    (estimate.iteration_time_s, measured, error, memory)
+                )
+                shown = "memory not measurable here"
+                if memory is not None:
+                    shown = (
+                        f"memory {memory[0] / 2**20:6.1f} / {memory[1] / 2**20:6.1f} MiB "
+                        f"{memory[2]:+6.1%}"
+                    )
+                print(
+                    f"{name:44s} warm-up {str(plan.warmup):8s} predicted "
+                    f"{estimate.iteration_time_s:7.3f} s  measured {measured:7.3f} s  "
+                    f"error {error:+6.1%}  {shown}",
+                    flush=True,
+                )
+                if args.phases:
+                    _show_phases(estimate, counters)
     finally:
         ray.shutdown()
+    _summary(results)
+
+
+def _summary(results: dict[str, list[tuple]]) -> None:
+    """Per layout, the median over rounds (each round profiles and runs it afresh)."""
+    print(f"\n{'layout':44s} {'predicted s':>11s} {'measured s':>10s} {'error':>7s} {'memory':>7s}")
+    errors, memory_errors = [], []
+    for name, rows in results.items():
+        predicted = statistics.median(r[0] for r in rows)
+        measured = statistics.median(r[1] for r in rows)
+        error = statistics.median(r[2] for r in rows)
+        memory = [r[3][2] for r in rows if r[3] is not None]
+        memory_error_ = statistics.median(memory) if memory else None
+        errors.append(abs(error))
+        if memory_error_ is not None:
+            memory_errors.append(abs(memory_error_))
+        shown = f"{memory_error_:+7.1%}" if memory_error_ is not None else "    n/a"
+        print(f"{name:44s} {predicted:11.3f} {measured:10.3f} {error:+7.1%} {shown}")
     print(
         f"\nmean |error| {statistics.mean(errors):.1%} (target <= 5%), "
-        f"max {max(errors):.1%} (target <= 10%) over {len(errors)} layouts"
+        f"max {max(errors):.1%} (target <= 10%) over {len(errors)} layouts "
+        f"(median of {len(next(iter(results.values())))} rounds each)"
     )
+    if memory_errors:
+        print(
+            f"tensor memory, worst worker per layout: mean |error| "
+            f"{statistics.mean(memory_errors):.1%}, max {max(memory_errors):.1%} (target <= 10%)"
+        )
 
 
 if __name__ == "__main__":

@@ -60,6 +60,8 @@ class StageWorker:
             "wait_s": dict(comm.wait_s),
             "last_step_phases_s": dict(self.runner.last_phases_s),
             "peak_memory_bytes": _peak_memory_bytes(self.layout.workers[self.rank].device),
+            # the stage's tensors at their peak (runtime/memory.py); None where not measurable
+            "peak_tensor_bytes": self.runner.memory.peak_bytes,
         }
 
     def start_checkpoint(
@@ -98,7 +100,7 @@ class StageWorker:
 
     def close(self) -> None:
         if self.runner is not None:
-            self.runner.comm.close()
+            self.runner.close()
 
 
 def _peak_memory_bytes(device: str) -> int:

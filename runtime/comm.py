@@ -2,19 +2,20 @@
 
 ``Comm`` joins the job's process group and creates, on every rank and in the same order (as
 torch.distributed requires), the groups the Layout names: each stage's data-parallel group, its
-zone and region groups and cross-region leaders for the hierarchical all-reduce, and for a model
-with tied embeddings the (first stage, last stage) pair of every pipeline.
+zone and region groups and cross-region leaders for the hierarchical all-reduce.
 
-Point-to-point sends are asynchronous (``isend``; completed before the step ends) and receives block:
-with 1F1B's order on every stage, each receive is matched by a send already posted, so no two stages
-wait on each other. Counters: bytes sent per (from place, to place) and seconds waiting per phase.
+Point-to-point sends are asynchronous (``isend``) and receives block: with 1F1B's order on every
+stage, each receive is matched by a send already posted, so no two stages wait on each other. A
+send's tensor is held until the sender learns the peer has it (``release``: messages between two
+ranks arrive in order, so a reply to message ``k`` means all up to ``k`` arrived) or the step ends
+(``finish_sends``); holding every send to the end of the step would keep all its activations. Counters: bytes sent per (from place, to place) and seconds waiting per phase.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from datetime import timedelta
 
 import torch
@@ -39,7 +40,9 @@ class Comm:
         )
         self._groups: dict[tuple[int, ...], object] = {}
         self._create_groups()
-        self._pending: list = []
+        # per peer, oldest first: [message number, tensor, work handles (one, once posted)]
+        self._pending: dict[int, deque] = defaultdict(deque)
+        self._sent_count: dict[int, int] = defaultdict(int)
         self.bytes_sent: dict[tuple[str, str], int] = defaultdict(int)
         self.wait_s: dict[str, float] = defaultdict(float)
         self.timeout_s = timeout_s
@@ -55,8 +58,6 @@ class Comm:
             wanted += layout.zone_groups(s)
             wanted += layout.region_groups(s)
             wanted.append(layout.cross_region_group(s))
-        if layout.num_stages > 1:
-            wanted += [(p[0], p[-1]) for p in map(layout.pipeline, range(layout.replicas))]
         for ranks in wanted:
             if len(ranks) > 1 and ranks not in self._groups:
                 self._groups[ranks] = dist.new_group(list(ranks))
@@ -66,20 +67,35 @@ class Comm:
 
     # -- point to point --------------------------------------------------------------------------
 
-    def send(self, tensor: torch.Tensor, to: int) -> None:
+    def send(self, tensor: torch.Tensor, to: int) -> int:
+        """Send ``tensor`` to rank ``to`` without waiting; returns the message's number on that
+        pair (for ``release``)."""
         tensor = tensor.contiguous()
         here, there = self.layout.workers[self.rank].place, self.layout.workers[to].place
         self.bytes_sent[(here, there)] += tensor.numel() * tensor.element_size()
         link = self.layout.link(here, there)
+        number, works = self._sent_count[to], []
+        self._sent_count[to] += 1
         if self._pacer is not None and link is not None:
             self._pacer.send(
                 tensor,
                 to,
                 latency_s=link.latency_s,
                 bandwidth_bytes_per_s=link.bandwidth_bytes_per_s,
+                record=works,
             )
         else:
-            self._pending.append((dist.isend(tensor, to), tensor))
+            works.append(dist.isend(tensor, to))
+        self._pending[to].append((number, tensor, works))
+        return number
+
+    def release(self, to: int, number: int) -> None:
+        """Let go of the sends to ``to`` up to message ``number``, which ``to`` has received (the
+        caller knows it from what came back). Their work completes at once; a send the pacing
+        thread has not handed over yet stays until ``finish_sends``."""
+        queue = self._pending[to]
+        while queue and queue[0][0] <= number and queue[0][2]:
+            queue.popleft()[2][0].wait()
 
     def recv(
         self, shape: tuple[int, ...], dtype: torch.dtype, source: int, *, phase: str
@@ -90,14 +106,21 @@ class Comm:
         self.wait_s[phase] += time.perf_counter() - start
         return tensor
 
-    def finish_sends(self) -> None:
+    def finish_sends(self, *, delivered: bool = False) -> None:
+        """Wait until this rank's sends have left it: on an emulated link, until its channel has
+        carried their bytes (what is still in flight, its latency, does not hold the sender up;
+        the pacing thread delivers it later and the next call finishes it); with ``delivered``,
+        until every send has been handed to its peer."""
         start = time.perf_counter()
-        works = [work for work, _ in self._pending]
         if self._pacer is not None:
-            works += self._pacer.drain(self.timeout_s)
-        for work in works:
-            work.wait()
-        self._pending = []
+            if delivered:
+                self._pacer.drain(self.timeout_s)
+            else:
+                self._pacer.wait_sent()
+        for queue in self._pending.values():
+            while queue and queue[0][2]:  # posted (in order per peer)
+                queue.popleft()[2][0].wait()
+            assert not delivered or not queue, "drained sends are all posted"
         self.wait_s["p2p_send"] += time.perf_counter() - start
 
     # -- collectives -----------------------------------------------------------------------------
@@ -121,13 +144,16 @@ class Comm:
                 "broadcast", tensor, ranks, lambda g: dist.broadcast(tensor, src=ranks[0], group=g)
             )
 
-    def compressed_all_reduce(self, flat: torch.Tensor, ranks: tuple[int, ...], compressor) -> None:
-        """``all_reduce`` of the cross-region hop through ``compressor`` (compression.py)."""
+    def compressed_all_reduce(
+        self, flat: torch.Tensor, ranks: tuple[int, ...], compressor, sample=lambda: None
+    ) -> None:
+        """``all_reduce`` of the cross-region hop through ``compressor`` (compression.py);
+        ``sample`` is its memory probe."""
         if len(ranks) > 1:
             sent: list[int] = []
 
             def run(group) -> None:
-                sent.append(compressor.all_reduce(flat, group, len(ranks)))
+                sent.append(compressor.all_reduce(flat, group, len(ranks), sample))
 
             self._collective(
                 "all_reduce", flat, ranks, run, wire_bytes=lambda: sent[0] / (len(ranks) - 1)
@@ -147,7 +173,7 @@ class Comm:
         self.wait_s["dp_sync"] += time.perf_counter() - start
 
     def close(self) -> None:
-        self.finish_sends()
+        self.finish_sends(delivered=True)
         if self._pacer is not None:
             self._pacer.close()
         dist.destroy_process_group()

@@ -19,6 +19,7 @@ from torch import nn
 from runtime.comm import Comm
 from runtime.compression import CrossRegionCompressor
 from runtime.layout import Layout, LayoutError
+from runtime.memory import TensorMemory
 from runtime.reference import TrainConfig, make_optimizer
 from runtime.workload import Workload
 
@@ -47,7 +48,6 @@ class StageRunner:
         start, end = layout.layers[self.stage]
         self.module = nn.Sequential(*workload.layers[start:end])
         self.parameters = list(self.module.parameters())
-        self.optimizer = make_optimizer(self.parameters, config)
         # gradients live in one flat buffer (each .grad a view of it): backward accumulates into
         # it in place and the all-reduce sends it as is, with no gather or scatter copy
         self.flat_grad = torch.zeros(sum(p.numel() for p in self.parameters))
@@ -58,6 +58,14 @@ class StageRunner:
         self.first, self.last = self.stage == 0, self.stage == layout.num_stages - 1
         ends = layout.num_stages > 1 and (self.first or self.last)
         self.tied = workload.tied if ends else None  # summed across the first and last stage
+        # the last stage steps its copy of the tied weight apart, once the first stage's sum is in
+        # (see ``_exchange_tied``)
+        defer = self.last and self.tied is not None
+        self.optimizer = make_optimizer(
+            [p for p in self.parameters if not (defer and p is self.tied)], config
+        )
+        self.tied_optimizer = make_optimizer([self.tied], config) if defer else None
+        self._tied_pending = False
         mbs = layout.microbatch_size
         self.sample_offset = mbs * sum(
             layout.worker(0, i).microbatches for i in range(self.replica)
@@ -68,6 +76,11 @@ class StageRunner:
         self.compressor = (
             CrossRegionCompressor(layout.compression) if layout.compression != "none" else None
         )
+        # keep only this stage's layers: the rest were built for identical weights, not to train
+        workload.layers = [m if start <= i < end else None for i, m in enumerate(workload.layers)]
+        owned = sum(p.numel() * p.element_size() for p in self.parameters)
+        self.memory = TensorMemory(worker.device)
+        self.memory.start(owned + self.flat_grad.numel() * self.flat_grad.element_size())
 
     def train_step(self, step: int) -> float | None:
         """One optimizer step; the last stage returns its pipeline's share of the loss. Records
@@ -77,6 +90,7 @@ class StageRunner:
         loss = self._step(step)
         optimizer_start = time.perf_counter()
         self.optimizer.step()
+        self.memory.sample()
         end = time.perf_counter()
         phases = {k: v - waited.get(k, 0.0) for k, v in self.comm.wait_s.items()}
         phases["optimizer"] = end - optimizer_start
@@ -87,7 +101,12 @@ class StageRunner:
         return loss
 
     def _step(self, step: int) -> float | None:
+        self.flush_tied()  # the previous step's tied update, before this step's first forward
         self.flat_grad.zero_()  # not zero_grad(): the .grad views must stay
+        # message numbers of this step's sends (see Comm.release): activations by microbatch, and
+        # input gradients in the order sent (microbatch order under 1F1B)
+        self._sent_forward: dict[int, int] = {}
+        self._sent_backward: list[int] = []
         kept: dict[int, tuple] = {}
         loss_sum = 0.0
         for kind, j in one_f_one_b(self.microbatches, self.layout.warmup[self.stage]):
@@ -96,25 +115,30 @@ class StageRunner:
                 if self.last:
                     loss_sum += kept[j][1].item()
             else:
-                self._backward(*kept.pop(j))
+                self._backward(j, *kept.pop(j))
+            self.memory.sample()
         self.comm.finish_sends()
         self._sync_gradients()
+        self.memory.sample()
         return loss_sum if self.last else None
 
     def state_dict(self) -> dict:
         """What resuming this worker needs: weights, optimizer state, RNG. The data position is the
         step itself (sample ``k`` depends on the seed and ``k`` only)."""
+        self.flush_tied()
         return {
             "stage": self.stage,
             "replica": self.replica,
             "layers": self.layout.layers[self.stage],
             "module": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "tied_optimizer": self.tied_optimizer.state_dict() if self.tied_optimizer else None,
             "torch_rng": torch.random.get_rng_state(),
             "compression": self.compressor.state_dict() if self.compressor else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
+        self.flush_tied()  # take the sum in flight off the link, or it would meet the next receive
         if tuple(state["layers"]) != tuple(self.layout.layers[self.stage]):
             raise LayoutError(
                 f"checkpoint holds layers {state['layers']}, this stage runs "
@@ -122,6 +146,8 @@ class StageRunner:
             )
         self.module.load_state_dict(state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
+        if self.tied_optimizer is not None:
+            self.tied_optimizer.load_state_dict(state["tied_optimizer"])
         torch.random.set_rng_state(state["torch_rng"])
         if self.compressor is not None and state.get("compression"):
             self.compressor.load_state_dict(state["compression"])
@@ -140,23 +166,36 @@ class StageRunner:
             shape, dtype = self.activation
             inputs = self.comm.recv(shape, dtype, source, phase="p2p_forward")
             inputs.requires_grad_()
+            self._release_gradients(source, j)
         outputs = self.module(inputs)
         if self.last:
             scale = layout.microbatch_size / self.config.global_batch_size
             return inputs, self.workload.loss(outputs, self._samples(step, j)[1]) * scale
-        self.comm.send(outputs.detach(), layout.rank(self.stage + 1, self.replica))
+        self._sent_forward[j] = self.comm.send(
+            outputs.detach(), layout.rank(self.stage + 1, self.replica)
+        )
         return inputs, outputs
 
-    def _backward(self, inputs: torch.Tensor, outputs: torch.Tensor) -> None:
+    def _backward(self, j: int, inputs: torch.Tensor, outputs: torch.Tensor) -> None:
         layout = self.layout
         if self.last:
             outputs.backward()
         else:
             source = layout.rank(self.stage + 1, self.replica)
             grad = self.comm.recv(tuple(outputs.shape), outputs.dtype, source, phase="p2p_backward")
+            self.comm.release(source, self._sent_forward.pop(j))  # its gradient came back
             outputs.backward(grad)
         if not self.first:
-            self.comm.send(inputs.grad, layout.rank(self.stage - 1, self.replica))
+            self._sent_backward.append(
+                self.comm.send(inputs.grad, layout.rank(self.stage - 1, self.replica))
+            )
+
+    def _release_gradients(self, source: int, j: int) -> None:
+        """Activation ``j`` came from the previous stage, which (1F1B) sent it right after its
+        backward of microbatch ``j - warmup - 1``: the gradients sent to it up to that one arrived."""
+        done = j - min(self.layout.warmup[self.stage - 1], self.microbatches) - 1
+        if 0 <= done < len(self._sent_backward):
+            self.comm.release(source, self._sent_backward[done])
 
     def _sync_gradients(self) -> None:
         """Sum gradients over the stage's replicas (a flat ring, or inside each region, across
@@ -168,8 +207,36 @@ class StageRunner:
         else:
             self._hierarchical(flat)
         if self.tied is not None:
-            pipeline = layout.pipeline(self.replica)
-            self.comm.all_reduce(self.tied.grad, (pipeline[0], pipeline[-1]))
+            self._exchange_tied()
+
+    def _exchange_tied(self) -> None:
+        """Sum the tied weight's gradient over its two copies (the first stage's embedding, the last
+        stage's head) without a round trip on the critical path. The last stage finishes its backward
+        first and sends its share; the first stage adds it and sends the sum back before its optimizer
+        step. The last stage applies that sum at the start of the next step (``flush_tied``), while
+        the next step's first microbatch is still on its way to it. Same sum, same update, as one
+        process stepping one weight."""
+        pipeline = self.layout.pipeline(self.replica)
+        grad = self.tied.grad
+        if self.last:
+            self.comm.send(grad.clone(), pipeline[0])  # a copy: the buffer is zeroed next step
+            self._tied_pending = True
+        else:
+            grad += self.comm.recv(tuple(grad.shape), grad.dtype, pipeline[-1], phase="tied_sync")
+            self.comm.send(grad.clone(), pipeline[-1])
+
+    def flush_tied(self) -> None:
+        """Apply the tied weight's update the first stage sent, if one is still to come."""
+        if not self._tied_pending:
+            return
+        grad, first = self.tied.grad, self.layout.pipeline(self.replica)[0]
+        grad.copy_(self.comm.recv(tuple(grad.shape), grad.dtype, first, phase="tied_sync"))
+        self.tied_optimizer.step()
+        self._tied_pending = False
+
+    def close(self) -> None:
+        self.flush_tied()  # the first stage's last send completes only once it is received
+        self.comm.close()
 
     def _hierarchical(self, flat: torch.Tensor) -> None:
         """Reduce inside the region to its leader, all-reduce between region leaders, broadcast
@@ -180,7 +247,9 @@ class StageRunner:
         if rank == region[0]:
             leaders = layout.cross_region_group(s)
             if self.compressor is not None:
-                self.comm.compressed_all_reduce(flat, leaders, self.compressor)
+                self.comm.compressed_all_reduce(
+                    flat, leaders, self.compressor, sample=self.memory.sample
+                )
             else:
                 self.comm.all_reduce(flat, leaders)
         self.comm.broadcast(flat, region)

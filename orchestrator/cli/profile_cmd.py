@@ -158,6 +158,7 @@ def measured_profile(measurement: ModelMeasurement, *, gpu: str, precision: str)
         spec.seq_len,
         {1: sizes},
         {gpu: gpu_profile},
+        spec.tied_parameters() if spec.family == "gpt" else 0,
     )
 
 

@@ -161,6 +161,12 @@ def _print_estimate(plan: Plan, e: Estimate) -> None:
             rows,
         )
     )
+    first, last = e.stages[0], e.stages[-1]
+    if first.tied_wait_s > 0 or (len(e.stages) > 1 and last.tied_wait_s > 0):
+        print(
+            f"tied embedding: stage 0 waits {first.tied_wait_s * 1000:.3g} ms for the last stage's "
+            f"gradient; the sum's return delays the next iteration by {last.tied_wait_s * 1000:.3g} ms"
+        )
     share = (
         e.egress_usd_per_iteration / e.cost_per_iteration_usd if e.cost_per_iteration_usd else 0.0
     )

@@ -289,4 +289,5 @@ def analytic_profile(
         origin = f"analytic estimate ({settings.source})"
         profiles[gpu.name] = GpuProfile(gpu.name, "estimated", origin, times)
     tokens = spec.seq_len if spec.family == "gpt" else 0
-    return ModelProfile(spec.name, precision, optimizer, tokens, layers, profiles)
+    tied = spec.tied_parameters() if spec.family == "gpt" else 0
+    return ModelProfile(spec.name, precision, optimizer, tokens, layers, profiles, tied)

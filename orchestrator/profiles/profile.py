@@ -112,6 +112,9 @@ class ModelProfile:
     tokens_per_sample: int  # 0 for models that do not read tokens
     layers: Mapping[int, LayerTable]  # tp -> sizes
     gpus: Mapping[str, GpuProfile]
+    # elements of a weight the first and last layer share (tied embeddings, counted with the first
+    # layer): a pipeline keeps a copy on each end and exchanges its gradient every iteration
+    tied_elements: int = 0
     _cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
@@ -220,6 +223,7 @@ class ModelProfile:
             self.tokens_per_sample,
             self.layers,
             {**other.gpus, **self.gpus},
+            self.tied_elements,
         )
 
 
@@ -243,6 +247,7 @@ def profile_to_json(profile: ModelProfile, gpu: str) -> dict:
         "optimizer": profile.optimizer,
         "tokens_per_sample": profile.tokens_per_sample,
         "num_layers": profile.num_layers,
+        "tied_elements": profile.tied_elements,
         "layers": {
             str(tp): {
                 "params": list(t.params),
@@ -316,4 +321,12 @@ def profile_from_json(document: dict, *, file: str) -> ModelProfile:
         int(document.get("tokens_per_sample", 0)),
         layers,
         {gpu.gpu: gpu},
+        _tied_elements(document, fail),
     )
+
+
+def _tied_elements(document: dict, fail) -> int:
+    value = document.get("tied_elements", 0)  # absent in profiles written before it existed
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        fail("tied_elements", "tied_elements must be a whole number >= 0")
+    return value

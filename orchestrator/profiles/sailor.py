@@ -74,7 +74,9 @@ def import_sailor(
         profiles[gpu] = _gpu_profile(
             spec, gpu, available[gpu], layers, num_layers, catalog, update_estimate
         )
-    return ModelProfile(spec.name, "fp16-mixed", "adam", spec.seq_len, layers, profiles)
+    return ModelProfile(
+        spec.name, "fp16-mixed", "adam", spec.seq_len, layers, profiles, spec.tied_parameters()
+    )
 
 
 def _layer_tables(spec: GptSpec, catalog: Catalog) -> dict[int, LayerTable]:

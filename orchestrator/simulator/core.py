@@ -32,7 +32,7 @@ from orchestrator.simulator.estimate import (
     ReplicaMemory,
     StageTime,
 )
-from orchestrator.simulator.memory import memory_terms
+from orchestrator.simulator.memory import memory_shape, memory_terms, stage_regions
 from orchestrator.simulator.pipeline import PipelineTime, latency_aware_warmup, pipeline_time
 from orchestrator.simulator.settings import SimulatorSettings
 
@@ -52,14 +52,18 @@ def simulate(
     scheme = (plan.allreduce, plan.compression) if plan.dp_degree > 1 else None
     table = _entry_table(profile, settings)
     # per stage, per kind of replica: one entry (see ``_new_entry``)
+    if scheme is not None and plan.compression != "none":  # memory depends on the regions
+        keys = [(scheme, stage_regions(stage)) for stage in plan.stages]
+    else:
+        keys = [scheme] * plan.num_stages
     compute = [
         [
-            table.get((r.gpu, mbs, r.tp, start, end, scheme))
-            or _new_entry(table, profile, plan, s, r, settings, scheme)
+            table.get((r.gpu, mbs, r.tp, start, end, key))
+            or _new_entry(table, profile, plan, s, r, settings, key)
             for r, _ in kinds
         ]
-        for s, ((start, end), kinds) in enumerate(
-            zip([stage.layers for stage in plan.stages], plan.stage_kinds, strict=True)
+        for s, ((start, end), kinds, key) in enumerate(
+            zip([stage.layers for stage in plan.stages], plan.stage_kinds, keys, strict=True)
         )
     ]
     egress: dict[tuple[str, str], float] = defaultdict(float)  # bytes per iteration
@@ -67,7 +71,8 @@ def simulate(
         _pipeline(profile, plan, i, compute, network, egress, count)
         for i, count in plan.pipeline_groups
     ]
-    rows = []  # per stage: forward, backward, update, send, sync, exposed sync, finish
+    # per stage: forward, backward, update, send, sync, exposed sync, finish, tied-weight wait
+    rows: list[tuple] = []
     last = plan.num_stages - 1
     overlap, bucket = settings.overlap_grad_sync, settings.bucket_bytes
     micro = plan.microbatches()
@@ -85,7 +90,8 @@ def simulate(
             forward = t[0] if t[0] > forward else forward
             backward = t[1] if t[1] > backward else backward
             update = t[2] if t[2] > update else update
-            total = t[5] + t[6] * flights
+            held = t[6] * flights
+            total = t[5] + (held if held > t[9] else t[9])
             peak = total if total > peak else peak
             if total > t[7]:
                 oom = True
@@ -101,11 +107,13 @@ def simulate(
             ready = end if end > ready else ready
             if s < last and sends[s] > send:
                 send = sends[s]
-        rows.append((forward, backward, update, send, sync, exposed, ready + exposed + update))
+        rows.append((forward, backward, update, send, sync, exposed, ready + exposed + update, 0.0))
         work = most * (forward + backward) + update
         busy_s = work if work > busy_s else busy_s
         talk = sync + most * (received + send)
         talk_s, received = (talk if talk > talk_s else talk_s), send
+    if profile.tied_elements and last > 0:
+        _tied_exchange(profile, plan, rows, compute, pipelines, network, egress)
     iteration = max(row[6] for row in rows)
     slowest = max((p for p, _ in pipelines), key=lambda p: p.makespan_s)
     return _estimate(
@@ -142,18 +150,17 @@ def _new_entry(
     """What the planner's inner loop needs of stage ``s`` on one kind of replica, in one lookup
     keyed by (GPU, microbatch size, TP, layers, sync scheme): forward, backward and update seconds
     of one microbatch; bytes of the activation it sends on; bytes of the whole stage's gradient;
-    per-GPU memory as ``fixed + per_flight * microbatches in flight`` (memory.py is linear in the
-    activations kept); the GPU's memory; its name."""
+    per-GPU memory as ``fixed + max(per_flight * microbatches in flight, sync)`` (memory.py); the
+    GPU's memory; its name; the sync term."""
     gpu, tp, mbs = replica.gpu, replica.tp, plan.microbatch_size
     start, end = plan.stages[s].layers
     element = profile.element_bytes
     sent = profile.stage_facts(tp, start, end)[3] * mbs * element
     gradient = profile.stage_gradient_elements(start, end, tp) * element
-    fixed = sum(memory_terms(profile, plan, s, gpu, tp, 0, settings))
-    per_flight = sum(memory_terms(profile, plan, s, gpu, tp, 1, settings)) - fixed
+    fixed, per_flight, sync = memory_shape(profile, plan, s, gpu, tp, settings)
     capacity = settings.gpu_memory_bytes[gpu]
     times = profile.stage_times(gpu, mbs, tp, start, end)
-    entry = (*times, sent, gradient, fixed, per_flight, capacity, gpu)
+    entry = (*times, sent, gradient, fixed, per_flight, capacity, gpu, sync)
     table[(gpu, mbs, tp, start, end, scheme)] = entry
     return entry
 
@@ -277,6 +284,46 @@ def _sync_coefficients(plan: Plan, s: int, element: int, network: NetworkView) -
     )
 
 
+def _tied_exchange(
+    profile: ModelProfile,
+    plan: Plan,
+    rows: list[tuple],
+    compute: list[list],
+    pipelines: list,
+    network: NetworkView,
+    egress: dict,
+) -> None:
+    """A tied embedding as the runtime keeps it (runtime/stage.py): once the last stage's gradients
+    are synchronized it sends its share of the tied gradient to the first stage, which adds it before
+    its optimizer step and sends the sum back; the last stage applies it at the start of the next
+    iteration, before the pipeline fill reaches it. So the first stage waits for the last stage's
+    share (rarely: the last stage finishes its backward first), and the iteration is at least the
+    sum's return trip minus that fill."""
+    size = profile.tied_elements * profile.element_bytes
+    first, last = rows[0], rows[-1]
+    first_ready, last_ready = first[6] - first[2], last[6] - last[2]  # before the optimizer step
+    kind_of, stages, hop = plan.kind_of, plan.stages, network.hop
+    first_done, back = first_ready, 0.0
+    for (i, count), (_, sends) in zip(plan.pipeline_groups, pipelines, strict=True):
+        a, z = stages[0].replicas[i].infra, stages[-1].replicas[i].infra
+        latency, to_last, to_first = hop(a, z, plan.streams)
+        done = max(first_ready, last_ready + latency + size * to_first)
+        first_done = done if done > first_done else first_done
+        # when the first microbatch of the next iteration reaches the last stage
+        fill = sum(compute[s][kind_of[s][i]][0] + sends[s] for s in range(len(stages) - 1))
+        arrival = done + latency + size * to_last - fill
+        back = arrival if arrival > back else back
+        if a != z:
+            egress[(z, a)] += size * count
+            egress[(a, z)] += size * count
+    rows[0] = (*first[:6], first_done + first[2], first_done - first_ready)
+    # the last stage's update of its copy: the first stage's step scaled to the tied weight's size
+    params = profile.stage_facts(1, *stages[0].layers)[0]
+    late = back + (first[2] * profile.tied_elements / params if params else 0.0)
+    if late > last[6]:
+        rows[-1] = (*last[:6], late, late - last[6])
+
+
 def _estimate(
     profile: ModelProfile,
     plan: Plan,
@@ -364,6 +411,7 @@ def _breakdown(
             dp_sync_s=row[4],
             dp_sync_exposed_s=row[5],
             finish_s=row[6],
+            tied_wait_s=row[7],
         )
         for s, (stage, row) in enumerate(zip(plan.stages, rows, strict=True))
     )

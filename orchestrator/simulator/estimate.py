@@ -62,6 +62,8 @@ class StageTime:
     dp_sync_s: float  # gradient all-reduce across this stage's replicas
     dp_sync_exposed_s: float  # the part not hidden behind the last backward
     finish_s: float  # when this stage's optimizer step ends
+    # waiting on a tied embedding's gradient from the pipeline's other end (first and last stage)
+    tied_wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,7 @@ def _stage_dict(stage: StageTime) -> dict:
         "dp_sync_s": stage.dp_sync_s,
         "dp_sync_exposed_s": stage.dp_sync_exposed_s,
         "finish_s": stage.finish_s,
+        "tied_wait_s": stage.tied_wait_s,
     }
 
 

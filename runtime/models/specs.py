@@ -54,6 +54,10 @@ class GptSpec:
         final_norm = 2 * self.hidden_size
         return final_norm + (0 if self.tied_embeddings else self.vocab_size * self.hidden_size)
 
+    def tied_parameters(self) -> int:
+        """Parameters the first and last layer share: the token embedding when the head is tied."""
+        return self.vocab_size * self.hidden_size if self.tied_embeddings else 0
+
     def layer_parameters(self) -> tuple[int, ...]:
         blocks = (self.block_parameters(),) * self.num_blocks
         return (self.embedding_parameters(), *blocks, self.head_parameters())

@@ -28,6 +28,7 @@ def uniform_profile(
     slow: dict | None = None,
     precision: str = "fp32",
     optimizer: str = "adam",
+    tied: int = 0,
 ) -> ModelProfile:
     """Every layer alike; ``slow`` = {layer: factor} makes some layers slower on every GPU."""
     slow = slow or {}
@@ -48,6 +49,7 @@ def uniform_profile(
         128,
         {1: table},
         {g: GpuProfile(g, "measured", "test", times) for g in gpus},
+        tied,
     )
 
 

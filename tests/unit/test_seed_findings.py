@@ -94,7 +94,10 @@ def test_dp_x_pp_cut_the_pipeline_at_the_region_boundary(seeds_world, allreduce)
     dp_cut = seeds_world(
         [[US_A] * 2 + [US_WEST] * 2, [US_A] * 2 + [US_WEST] * 2], allreduce=allreduce
     )
-    assert pp_cut.samples_per_s > 1.02 * dp_cut.samples_per_s
+    # OPT-350M ties its embedding and head: the PP cut also sends that 51 MB gradient across the
+    # boundary and back every iteration (the DP cut keeps each pipeline's ends in one region), which
+    # costs it ~0.7% (2.2% -> 1.6% ahead under a flat ring, 2.8% -> 2.2% hierarchical)
+    assert pp_cut.samples_per_s > 1.01 * dp_cut.samples_per_s
     # the PP cut pays for activations every microbatch, the DP cut for gradients once per iteration:
     # with OPT-350M's small gradient and 256 microbatches the DP cut sends fewer bytes across
     assert pp_cut.egress_usd_per_iteration > dp_cut.egress_usd_per_iteration

@@ -128,10 +128,14 @@ def test_activations_in_flight_under_1f1b():
     profile = uniform_profile()
     layers = [(0, 2), (2, 4), (4, 6), (6, 8)]
     e = run(profile, plan(layers, [["p/r/z"]] * 4, batch=16, mbs=2))
-    for memory in e.memory:  # stage s of P keeps up to P - s microbatches of 2 samples
-        assert memory.parts.activations == pytest.approx(2 * 1e6 * 2 * (4 - memory.stage))
+    # stage s of P keeps up to P - s microbatches of 2 samples: what its two layers keep for
+    # backward, and (but the last) the output it sent on, until that microbatch's gradient returns
+    sent = 100_000 * 4
+    for memory in e.memory:
+        per_sample = 2 * 1e6 + (sent if memory.stage < 3 else 0)
+        assert memory.parts.activations == pytest.approx(per_sample * 2 * (4 - memory.stage))
     e = run(profile, plan(layers, [["p/r/z"]] * 4, batch=2, mbs=1))  # only 2 microbatches exist
-    assert e.memory[0].parts.activations == pytest.approx(2 * 1e6 * 1 * 2)
+    assert e.memory[0].parts.activations == pytest.approx((2 * 1e6 + sent) * 1 * 2)
 
 
 def test_oom_flag_against_the_gpu():
