@@ -88,15 +88,20 @@ class StageWorker:
         return [] if self.checkpointer is None else self.checkpointer.wait(timeout_s)
 
     def restore(self, store_url: str, job: str, step: int, endpoint_url: str | None = None) -> None:
-        """Load this worker's state at ``step`` (checksum verified); training goes on at step + 1."""
+        """Load this worker's state at ``step`` (checksum verified), from a checkpoint of this
+        layout or of any other (runtime/reshard.py); training goes on at step + 1."""
         from runtime import checkpoint
         from runtime.storage import open_store
 
         store = open_store(store_url, endpoint_url=endpoint_url)
-        state = checkpoint.load(
-            store, job, step, stage=self.runner.stage, replica=self.runner.replica
-        )
-        self.runner.load_state_dict(state)
+        runner = self.runner
+        if checkpoint.has_state(store, job, step, stage=runner.stage, replica=runner.replica):
+            state = checkpoint.load(store, job, step, stage=runner.stage, replica=runner.replica)
+            if tuple(state["layers"]) == tuple(self.layout.layers[runner.stage]):
+                runner.load_state_dict(state)  # the same worker of the same layout: exactly
+                return
+        # written by another layout: take this stage's layers from the stages that held them
+        runner.load_resharded(checkpoint.load_stages(store, job, step))
 
     def close(self) -> None:
         if self.runner is not None:

@@ -297,8 +297,27 @@ def load(store: ObjectStore, job: str, step: int, *, stage: int, replica: int) -
     if entry is None:
         raise CheckpointError(
             f"step {step} of job {job!r} has no state for stage {stage} replica {replica}: it was "
-            "written by another layout; restore with the layout that wrote it"
+            "written by another layout (load_stages takes any layout's states)"
         )
+    return _read_entry(store, job, step, entry)
+
+
+def has_state(store: ObjectStore, job: str, step: int, *, stage: int, replica: int) -> bool:
+    files = read_manifest(store, job, step)["files"]
+    return any(f["stage"] == stage and f["replica"] == replica for f in files)
+
+
+def load_stages(store: ObjectStore, job: str, step: int) -> list[dict]:
+    """One state per stage of the layout that wrote ``step`` (its lowest replica: after a step the
+    replicas of a stage hold the same weights and optimizer state), for runtime/reshard.py."""
+    chosen: dict[int, dict] = {}
+    for entry in read_manifest(store, job, step)["files"]:
+        if entry["stage"] not in chosen or entry["replica"] < chosen[entry["stage"]]["replica"]:
+            chosen[entry["stage"]] = entry
+    return [_read_entry(store, job, step, chosen[s]) for s in sorted(chosen)]
+
+
+def _read_entry(store: ObjectStore, job: str, step: int, entry: dict) -> dict:
     data = store.get(entry["key"])
     digest = hashlib.sha256(data).hexdigest()
     if digest != entry["sha256"]:

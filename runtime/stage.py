@@ -16,6 +16,7 @@ import time
 import torch
 from torch import nn
 
+from runtime import reshard
 from runtime.comm import Comm
 from runtime.compression import CrossRegionCompressor
 from runtime.layout import Layout, LayoutError
@@ -65,6 +66,10 @@ class StageRunner:
             [p for p in self.parameters if not (defer and p is self.tied)], config
         )
         self.tied_optimizer = make_optimizer([self.tied], config) if defer else None
+        names = reshard.global_names(self.module, start, workload.tied)  # one stage or many
+        self.optimizer_names = [
+            n for n, p in zip(names, self.parameters, strict=True) if not (defer and p is self.tied)
+        ]
         self._tied_pending = False
         mbs = layout.microbatch_size
         self.sample_offset = mbs * sum(
@@ -132,6 +137,7 @@ class StageRunner:
             "layers": self.layout.layers[self.stage],
             "module": self.module.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "param_names": list(self.optimizer_names),  # for restoring into other layouts
             "tied_optimizer": self.tied_optimizer.state_dict() if self.tied_optimizer else None,
             "torch_rng": torch.random.get_rng_state(),
             "compression": self.compressor.state_dict() if self.compressor else None,
@@ -151,6 +157,16 @@ class StageRunner:
         torch.random.set_rng_state(state["torch_rng"])
         if self.compressor is not None and state.get("compression"):
             self.compressor.load_state_dict(state["compression"])
+
+    def load_resharded(self, states: list[dict]) -> None:
+        """Take this stage's layers from the states of another layout's stages (reshard.py)."""
+        self.flush_tied()
+        tensors, optimizer_states = reshard.merged(states)
+        reshard.load_module(self.module, self.layout.layers[self.stage][0], tensors)
+        reshard.load_optimizer(self.optimizer, self.optimizer_names, optimizer_states)
+        if self.tied_optimizer is not None:
+            reshard.load_optimizer(self.tied_optimizer, [reshard.TIED], optimizer_states)
+        torch.random.set_rng_state(states[0]["torch_rng"])
 
     def _samples(self, step: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         mbs = self.layout.microbatch_size

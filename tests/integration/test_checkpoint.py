@@ -245,28 +245,30 @@ def ray_cluster():
     ray.shutdown()
 
 
-def _layout():
+def _layout(layers=((0, 3), (3, 6)), places=(A1, A2)):
     from orchestrator.layout import layout_from_plan
     from orchestrator.plan import Plan, Replica, check_plan
 
-    layers = [(0, 3), (3, 6)]
+    layers = list(layers)
     plan = Plan.from_pipelines(
         global_batch_size=CONFIG.global_batch_size,
         microbatch_size=CONFIG.microbatch_size,
         layers=layers,
-        pipelines=[(1, [Replica(gpu="T4", infra=place) for _ in layers]) for place in (A1, A2)],
+        pipelines=[(1, [Replica(gpu="T4", infra=place) for _ in layers]) for place in places],
         allreduce="flat",
     )
     check_plan(plan)
     return layout_from_plan(plan, model="gpt-tiny")
 
 
-def _train(first: int, last: int, *, restore_from: str | None = None, pause=None) -> list[float]:
+def _train(
+    first: int, last: int, *, restore_from: str | None = None, pause=None, layout=None
+) -> list[float]:
     """Steps ``first..last`` on a fresh group (restored from ``restore_from`` when given); ``pause``
     is called with the group after each step."""
     from runtime.group import WorkerGroup
 
-    group = WorkerGroup.start(_layout(), CONFIG, corpus_bytes=CORPUS_BYTES)
+    group = WorkerGroup.start(layout or _layout(), CONFIG, corpus_bytes=CORPUS_BYTES)
     try:
         if restore_from is not None:
             assert group.restore(restore_from, JOB) == first - 1
@@ -303,3 +305,28 @@ def test_resume_continues_the_uninterrupted_losses_bit_for_bit(ray_cluster, tmp_
     assert report.step == 2 and report.size_bytes > 0
     assert before == uninterrupted[:4]
     assert resumed == uninterrupted[3:], (resumed, uninterrupted)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("layers", "places"),
+    [
+        (((0, 2), (2, 6)), (A1,)),  # the pipeline cut elsewhere, one replica
+        (((0, 6),), (A2,)),  # one worker holds everything (the tied weight once)
+        (((0, 4), (4, 6)), (A2, A1)),  # another cut, the replicas swapped between places
+    ],
+)
+def test_resume_into_another_layout_continues_the_losses(ray_cluster, tmp_path, layers, places):
+    """After losing nodes the driver may re-plan to another split and replica count: each new
+    stage takes its layers' weights and Adam state from the stages that held them."""
+    uninterrupted = _train(0, 5)
+    folder = str(tmp_path / "checkpoints")
+
+    def checkpoint_after_step_2(group, step: int) -> None:
+        if step == 2:
+            group.checkpoint(folder, JOB, step)
+
+    _train(0, 2, pause=checkpoint_after_step_2)
+    resumed = _train(3, 5, restore_from=folder, layout=_layout(layers, places))
+    # the same math in another summation order (microbatches over other replicas and stages)
+    assert resumed == pytest.approx(uninterrupted[3:], rel=1e-5)

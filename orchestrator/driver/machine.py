@@ -1,0 +1,334 @@
+"""The driver's loop as an explicit state machine: plan -> launch -> start -> train, and on a lost
+node recover -> plan again, until the recipe's steps are done or nothing more can be done.
+
+Each phase is one method that does its work, records what happened in the event log and the job
+state (persisted after every transition and every committed step), and returns the next phase.
+The driver talks to three collaborators behind small protocols, so the machine runs the same
+against the local simulated cloud, a real cloud, or hand-written fakes in tests:
+
+- ``PlanSource.choose(excluded=...)``: the best plan on the market now, avoiding the places that
+  just refused capacity; with the launch requests it needs and its predicted rate and price.
+- a provisioner (provisioners/base.py): ``launch``, ``terminate``, ``poll_events``.
+- ``Trainer``: start the runtime on a plan (restoring a checkpoint if there is one), train one step,
+  checkpoint, stop. ``WorkersLost`` from ``step`` means a worker's node died under it.
+
+Recovery in this version restarts the gang from the newest checkpoint; steps committed after it are
+trained again (the data of step ``k`` depends only on ``k``, so the losses repeat).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from orchestrator.driver.events import Event, EventLog
+from orchestrator.driver.state import JobState, StateStore
+from orchestrator.errors import UserError
+from provisioners.base import NodeLost, PreemptionNotice
+
+
+class Phase(str, enum.Enum):
+    PLAN = "plan"
+    LAUNCH = "launch"
+    START = "start"
+    TRAIN = "train"
+    RECOVER = "recover"
+    DONE = "done"
+    FAILED = "failed"
+
+
+TERMINAL = (Phase.DONE, Phase.FAILED)
+
+
+class WorkersLost(Exception):
+    """A training step failed because workers (or their nodes) are gone."""
+
+
+class CapacityRefused(Exception):
+    """A place could not give the nodes asked for (the provisioner's CapacityError or QuotaError)."""
+
+    def __init__(self, infra: str, message: str) -> None:
+        super().__init__(message)
+        self.infra = infra
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """Nodes to launch in one place for a plan, with their price."""
+
+    infra: str
+    gpu: str
+    count: int
+    spot: bool
+    usd_per_node_hour: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Choice:
+    plan: dict  # the plan format
+    summary: str  # e.g. "2 stages x 2 replicas: T4 in local/sim-us/sim-us-a (2), ..."
+    requests: tuple[Request, ...]
+    samples_per_s: float  # predicted
+    usd_per_hour: float  # predicted, compute
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepResult:
+    loss: float
+    egress_bytes: float = 0.0
+    egress_usd: float = 0.0
+
+
+class PlanSource(Protocol):
+    def choose(self, *, excluded: frozenset[str]) -> Choice: ...
+
+
+class Cloud(Protocol):
+    def launch(self, request: Request, *, gang: str) -> list[str]: ...
+    def terminate(self, node_ids: Sequence[str]) -> None: ...
+    def poll_events(self, *, timeout_s: float = 0.0) -> list: ...
+
+
+class Trainer(Protocol):
+    def start(self, plan: dict, *, restore_step: int | None) -> None: ...
+    def step(self, step: int) -> StepResult: ...
+    def checkpoint(self, step: int) -> None: ...
+    def stop(self) -> None: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class DriverConfig:
+    steps: int
+    checkpoint_every_steps: int
+    budget_usd: float | None = None
+    max_recoveries: int = 50
+
+
+@dataclass
+class _Session:
+    """What the driver holds in memory for the current plan (not persisted: rebuilt on restart)."""
+
+    choice: Choice | None = None
+    nodes: dict[str, Request] = field(default_factory=dict)  # node id -> what it was launched as
+    excluded: set[str] = field(default_factory=set)
+    lost_at_s: float | None = None  # when the node loss under recovery happened
+    billed_at_s: float = 0.0
+
+
+class Driver:
+    def __init__(
+        self,
+        *,
+        store: StateStore,
+        events: EventLog,
+        plans: PlanSource,
+        cloud: Cloud,
+        trainer: Trainer,
+        config: DriverConfig,
+        state: JobState,
+        clock: Callable[[], float] = time.monotonic,
+        on_step: Callable[[JobState, StepResult], None] | None = None,
+    ) -> None:
+        self.store, self.events, self.plans = store, events, plans
+        self.cloud, self.trainer, self.config = cloud, trainer, config
+        self.clock, self.on_step = clock, on_step
+        self.state = state
+        self.session = _Session()
+        self.handlers = {
+            Phase.PLAN: self._plan,
+            Phase.LAUNCH: self._launch,
+            Phase.START: self._start,
+            Phase.TRAIN: self._train,
+            Phase.RECOVER: self._recover,
+        }
+
+    # -- the loop ---------------------------------------------------------------------------------
+
+    def run(self) -> JobState:
+        phase = Phase(self.state.phase)
+        if phase not in TERMINAL and phase is not Phase.PLAN:
+            # a restarted driver: whatever it held is unknown now; plan again from the checkpoint
+            self._log(
+                "driver_restarted", "re-plan from the newest checkpoint", f"was in {phase.value}"
+            )
+            phase = Phase.RECOVER
+        while phase not in TERMINAL:
+            phase = self.handlers[phase]()
+            self._save(phase=phase.value)
+        return self.state
+
+    # -- phases -----------------------------------------------------------------------------------
+
+    def _plan(self) -> Phase:
+        before = self.session.choice.summary if self.session.choice else None
+        try:
+            choice = self.plans.choose(excluded=frozenset(self.session.excluded))
+        except UserError as error:
+            self._log("no_plan", "stop; the job's state and checkpoints are kept", error.message)
+            return Phase.FAILED
+        self.session.choice = choice
+        self._log(
+            "planned",
+            "launch its nodes",
+            f"predicted {choice.samples_per_s:.3g} samples/s at ${choice.usd_per_hour:.3g}/h",
+            plan_before=before,
+            plan_after=choice.summary,
+        )
+        self._save(plan=choice.plan)
+        return Phase.LAUNCH
+
+    def _launch(self) -> Phase:
+        choice, started = self.session.choice, {}
+        assert choice is not None
+        for request in choice.requests:
+            try:
+                ids = self.cloud.launch(request, gang=f"{self.state.job}-{self.state.version}")
+            except CapacityRefused as refused:
+                self.cloud.terminate(list(started))  # all or nothing, across places too
+                self.session.excluded.add(refused.infra)
+                self._log("capacity_refused", "re-plan without that place", str(refused))
+                return Phase.PLAN
+            started.update(dict.fromkeys(ids, request))
+        self.session.nodes = started
+        self.session.billed_at_s = self.clock()
+        self._log("launched", "start training", f"{len(started)} nodes")
+        self._save(nodes=tuple(started))
+        return Phase.START
+
+    def _start(self) -> Phase:
+        choice = self.session.choice
+        assert choice is not None
+        try:
+            self.trainer.start(choice.plan, restore_step=self.state.checkpoint_step)
+        except WorkersLost as lost:
+            return self._lost(str(lost))
+        restored = self.state.checkpoint_step
+        self._log(
+            "started",
+            "train",
+            f"from step {self.state.step}"
+            + (f" (checkpoint of step {restored})" if restored is not None else ""),
+        )
+        return Phase.TRAIN
+
+    def _train(self) -> Phase:
+        while self.state.step < self.config.steps:
+            phase = self._react(self.cloud.poll_events(timeout_s=0.0))
+            if phase is not None:
+                return phase
+            try:
+                result = self.trainer.step(self.state.step)
+            except WorkersLost as lost:
+                # the cloud's event names the node; without one, the runtime's error is the reason
+                return self._react(self.cloud.poll_events(timeout_s=0.0)) or self._lost(str(lost))
+            self._commit(result)
+            if self._over_budget():
+                return Phase.DONE
+        self._checkpoint("the last step")
+        self._finish()
+        return Phase.DONE
+
+    def _recover(self) -> Phase:
+        self.trainer.stop()
+        self.cloud.terminate(list(self.session.nodes))
+        self.session.nodes = {}
+        restart = self.state.checkpoint_step or 0
+        self._save(
+            step=restart,
+            losses=self.state.losses[:restart],
+            recoveries=self.state.recoveries + 1,
+            nodes=(),
+        )
+        if self.state.recoveries > self.config.max_recoveries:
+            self._log("gave_up", "stop", f"{self.state.recoveries} recoveries")
+            return Phase.FAILED
+        self.session.excluded.clear()
+        return Phase.PLAN
+
+    # -- events and bookkeeping -------------------------------------------------------------------
+
+    def _react(self, events: list) -> Phase | None:
+        """A lost node of ours: recover. Else preemption notices: checkpoint now."""
+        ours = [e for e in events if getattr(e, "node_id", None) in self.session.nodes]
+        lost = [e for e in ours if isinstance(e, NodeLost)]
+        if lost:
+            return self._lost("; ".join(f"node {e.node_id} in {e.infra} {e.reason}" for e in lost))
+        for event in ours:
+            if isinstance(event, PreemptionNotice):
+                self._log(
+                    "preemption_notice",
+                    "checkpoint now",
+                    f"node {event.node_id} in {event.infra}",
+                    details={"deadline_s": event.deadline_s},
+                )
+                self._checkpoint("a preemption notice")
+        return None
+
+    def _lost(self, reason: str) -> Phase:
+        self.session.lost_at_s = self.clock()
+        self._log(
+            "node_lost",
+            "restart from the newest checkpoint",
+            reason,
+            details={"step": self.state.step, "checkpoint_step": self.state.checkpoint_step},
+        )
+        return Phase.RECOVER
+
+    def _commit(self, result: StepResult) -> None:
+        now = self.clock()
+        per_hour = sum(r.usd_per_node_hour for r in self.session.nodes.values())
+        compute = per_hour * (now - self.session.billed_at_s) / 3600
+        self.session.billed_at_s = now
+        self._save(
+            step=self.state.step + 1,
+            losses=(*self.state.losses, result.loss),
+            compute_usd=self.state.compute_usd + compute,
+            egress_usd=self.state.egress_usd + result.egress_usd,
+            egress_bytes=self.state.egress_bytes + result.egress_bytes,
+        )
+        if self.session.lost_at_s is not None:
+            recovery_s = now - self.session.lost_at_s
+            self.session.lost_at_s = None
+            self._log(
+                "recovered",
+                "train",
+                "first step after the loss",
+                details={"recovery_s": recovery_s},
+            )
+        if self.state.step % self.config.checkpoint_every_steps == 0:
+            self._checkpoint("its period")
+        if self.on_step is not None:
+            self.on_step(self.state, result)
+
+    def _checkpoint(self, why: str) -> None:
+        if self.state.checkpoint_step == self.state.step:
+            return
+        self.trainer.checkpoint(self.state.step)
+        self._save(checkpoint_step=self.state.step)
+        self._log("checkpointed", "", why, details={"step": self.state.step})
+
+    def _over_budget(self) -> bool:
+        budget = self.config.budget_usd
+        spent = self.state.compute_usd + self.state.egress_usd
+        if budget is None or spent < budget:
+            return False
+        self._checkpoint("the budget")
+        self._finish()
+        self._log("budget_reached", "stop", f"${spent:.4g} spent of ${budget:.4g}")
+        return True
+
+    def _finish(self) -> None:
+        self.trainer.stop()
+        self.cloud.terminate(list(self.session.nodes))
+        self.session.nodes = {}
+        self._save(nodes=())
+        self._log("finished", "released every node", f"{self.state.step} steps")
+
+    def _save(self, **changes) -> None:
+        self.state = self.store.save(self.state.evolve(**changes))
+
+    def _log(self, event: str, decision: str, reason: str, **extra) -> None:
+        self.events.append(Event(event=event, decision=decision, reason=reason, **extra))

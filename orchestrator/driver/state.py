@@ -1,0 +1,148 @@
+"""The driver's persisted state: what a restarted driver needs to pick its job up.
+
+``JobState`` holds the recipe's path, the phase of the driver's state machine, the plan it runs, the
+last committed step and checkpoint, money spent (compute and egress, measured), the nodes it holds
+and its recoveries. ``StateStore`` writes it as ``state.json`` in the job's folder: the document
+and its sha256 go to a temporary file that is fsynced and renamed over the old one, after the old
+one is kept as ``state.prev.json``. A driver killed mid-write leaves either file whole; ``load``
+checks the checksum and falls back to the previous state when the newest is torn or corrupt,
+saying so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from orchestrator.errors import UserError
+
+FORMAT = "geo-orchestrator/job-state-v1"
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobState:
+    job: str
+    recipe_path: str
+    phase: str
+    step: int = 0  # steps committed: the next step to train
+    plan: dict | None = None  # the plan format (orchestrator/plan.py: Plan.to_dict)
+    checkpoint_step: int | None = None  # the newest complete checkpoint, if any
+    compute_usd: float = 0.0
+    egress_usd: float = 0.0
+    egress_bytes: float = 0.0
+    nodes: tuple[str, ...] = ()
+    recoveries: int = 0
+    losses: tuple[float, ...] = ()  # per committed step
+    started_at_s: float = field(default_factory=time.time)
+    updated_at_s: float = field(default_factory=time.time)
+    version: int = 0  # one more at every save
+
+    def evolve(self, **changes) -> JobState:
+        return replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        document = asdict(self)
+        document["nodes"] = list(self.nodes)
+        document["losses"] = list(self.losses)
+        return document
+
+    @classmethod
+    def from_dict(cls, document: dict) -> JobState:
+        known = {f for f in cls.__dataclass_fields__}
+        values = {k: v for k, v in document.items() if k in known}
+        values["nodes"] = tuple(values.get("nodes", ()))
+        values["losses"] = tuple(values.get("losses", ()))
+        return cls(**values)
+
+
+class StateCorrupt(UserError):
+    """Neither the newest state nor the previous one can be read."""
+
+
+@dataclass(frozen=True)
+class Loaded:
+    state: JobState
+    source: Path
+    problems: tuple[str, ...]  # what was wrong with newer files that were skipped
+
+
+class StateStore:
+    """``state.json`` (and ``state.prev.json``) in ``folder``."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.path = folder / "state.json"
+        self.previous = folder / "state.prev.json"
+
+    def exists(self) -> bool:
+        return self.path.exists() or self.previous.exists()
+
+    def save(self, state: JobState) -> JobState:
+        """Write ``state`` (its version and time updated) atomically; return what was written."""
+        state = state.evolve(version=state.version + 1, updated_at_s=time.time())
+        body = json.dumps(state.to_dict(), sort_keys=True)
+        document = {"format": FORMAT, "sha256": _digest(body), "state": json.loads(body)}
+        self.folder.mkdir(parents=True, exist_ok=True)
+        temporary = self.folder / f".state.{os.getpid()}.tmp"
+        with temporary.open("w", encoding="utf-8") as handle:
+            json.dump(document, handle, sort_keys=True)
+            handle.flush()
+            os.fsync(handle.fileno())
+        if self.path.exists():
+            os.replace(self.path, self.previous)
+        os.replace(temporary, self.path)
+        _fsync_folder(self.folder)
+        return state
+
+    def load(self) -> Loaded:
+        """The newest readable state; raise StateCorrupt if there is none."""
+        problems = []
+        for path in (self.path, self.previous):
+            try:
+                return Loaded(_read(path), path, tuple(problems))
+            except FileNotFoundError:
+                problems.append(f"{path.name}: missing")
+            except ValueError as exc:
+                problems.append(f"{path.name}: {exc}")
+        raise StateCorrupt(
+            "no readable job state: " + "; ".join(problems),
+            file=str(self.path),
+            fix="the job cannot be resumed from its state; submit the recipe again (its "
+            "checkpoints are kept and are found by their manifests)",
+        )
+
+
+def _read(path: Path) -> JobState:
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise ValueError(f"not JSON ({exc.__class__.__name__}), torn or corrupt") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        raise ValueError(f"not a {FORMAT} document")
+    body = json.dumps(document.get("state"), sort_keys=True)
+    if _digest(body) != document.get("sha256"):
+        raise ValueError("checksum mismatch")
+    try:
+        return JobState.from_dict(document["state"])
+    except TypeError as exc:
+        raise ValueError(f"fields do not match ({exc})") from None
+
+
+def _digest(body: str) -> str:
+    return hashlib.sha256(body.encode("utf-8")).hexdigest()
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make the renames durable (POSIX: fsync the directory)."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)

@@ -1,0 +1,232 @@
+"""The driver's state machine against hand-written fakes of the market/planner, the cloud and the
+runtime: a fault-free run, preemptions (a notice, then the node lost), capacity refused, no plan,
+a budget, and a driver that dies and is restarted from its persisted state."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.driver.events import read_events
+from orchestrator.driver.machine import (
+    CapacityRefused,
+    Choice,
+    Driver,
+    DriverConfig,
+    Request,
+    StepResult,
+    WorkersLost,
+)
+from orchestrator.driver.state import JobState, StateStore
+from orchestrator.errors import UserError
+from provisioners.base import NodeLost, PreemptionNotice
+
+US, EU = "local/sim-us/sim-us-a", "local/sim-eu/sim-eu-a"
+
+
+class FakePlans:
+    """Prefers US, then EU; each plan asks for two nodes in one place."""
+
+    def __init__(self, places=(US, EU)) -> None:
+        self.places = places
+        self.asked: list[frozenset] = []
+
+    def choose(self, *, excluded: frozenset[str]) -> Choice:
+        self.asked.append(excluded)
+        for place in self.places:
+            if place not in excluded:
+                request = Request(infra=place, gpu="T4", count=2, spot=True, usd_per_node_hour=0.5)
+                return Choice(
+                    plan={"place": place},
+                    summary=f"2 x T4 in {place}",
+                    requests=(request,),
+                    samples_per_s=10.0,
+                    usd_per_hour=1.0,
+                )
+        raise UserError("no feasible plan: every place refused", fix="widen constraints")
+
+
+class FakeCloud:
+    def __init__(self, capacity: dict[str, int]) -> None:
+        self.capacity = dict(capacity)
+        self.alive: dict[str, str] = {}  # node id -> infra
+        self.events: list = []
+        self.launched = 0
+
+    def launch(self, request: Request, *, gang: str) -> list[str]:
+        if self.capacity.get(request.infra, 0) < request.count:
+            raise CapacityRefused(
+                request.infra, f"{request.infra}: no capacity for {request.count}"
+            )
+        self.capacity[request.infra] -= request.count
+        ids = []
+        for _ in range(request.count):
+            self.launched += 1
+            ids.append(f"n{self.launched}")
+            self.alive[ids[-1]] = request.infra
+        return ids
+
+    def terminate(self, node_ids) -> None:
+        for node in node_ids:
+            infra = self.alive.pop(node, None)
+            if infra is not None:
+                self.capacity[infra] += 1
+
+    def poll_events(self, *, timeout_s: float = 0.0) -> list:
+        events, self.events = self.events, []
+        return events
+
+    def notice(self, node: str) -> None:
+        self.events.append(PreemptionNotice(node_id=node, infra=self.alive[node], deadline_s=0))
+
+    def kill(self, node: str) -> None:
+        infra = self.alive.pop(node)
+        self.events.append(NodeLost(node_id=node, infra=infra, reason="preempted"))
+
+
+class FakeTrainer:
+    """Loss of step k is a function of k alone (as the runtime's data is); a step fails when a node
+    it runs on is gone; ``script`` maps a step to something to do to the cloud before it runs."""
+
+    def __init__(self, cloud: FakeCloud, script: dict | None = None) -> None:
+        self.cloud, self.script = cloud, dict(script or {})
+        self.checkpoints: list[int] = []
+        self.starts: list[int | None] = []
+        self.nodes: list[str] = []
+        self.steps_run = 0
+
+    def start(self, plan: dict, *, restore_step: int | None) -> None:
+        self.starts.append(restore_step)
+        self.nodes = list(self.cloud.alive)
+
+    def step(self, step: int) -> StepResult:
+        action = self.script.pop(step, None)
+        if action is not None:
+            action(self)
+        if any(n not in self.cloud.alive for n in self.nodes):
+            raise WorkersLost(f"a worker of step {step} died")
+        self.steps_run += 1
+        return StepResult(loss=1.0 / (step + 1), egress_bytes=1e6, egress_usd=0.001)
+
+    def checkpoint(self, step: int) -> None:
+        self.checkpoints.append(step)
+
+    def stop(self) -> None:
+        self.nodes = []
+
+
+def make_driver(tmp_path, cloud, trainer, *, steps=20, every=5, plans=None, budget=None):
+    store = StateStore(tmp_path / "job")
+    state = (
+        store.load().state
+        if store.exists()
+        else JobState(job="j", recipe_path="r.yaml", phase="plan")
+    )
+    clock = iter(range(0, 10**6, 2))  # 2 s per tick
+    from orchestrator.driver.events import EventLog
+
+    return Driver(
+        store=store,
+        events=EventLog(tmp_path / "job" / "events.jsonl"),
+        plans=plans or FakePlans(),
+        cloud=cloud,
+        trainer=trainer,
+        config=DriverConfig(steps=steps, checkpoint_every_steps=every, budget_usd=budget),
+        state=state,
+        clock=lambda: float(next(clock)),
+    )
+
+
+def names(tmp_path) -> list[str]:
+    return [e["event"] for e in read_events(tmp_path / "job" / "events.jsonl")]
+
+
+def test_a_fault_free_run(tmp_path):
+    cloud = FakeCloud({US: 2, EU: 2})
+    trainer = FakeTrainer(cloud)
+    state = make_driver(tmp_path, cloud, trainer).run()
+    assert state.phase == "done" and state.step == 20
+    assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]
+    assert trainer.checkpoints == [5, 10, 15, 20]
+    assert cloud.alive == {} and cloud.capacity == {US: 2, EU: 2}  # every node released
+    assert state.egress_usd == pytest.approx(0.02) and state.compute_usd > 0
+    assert names(tmp_path)[:3] == ["planned", "launched", "started"]
+    assert names(tmp_path)[-1] == "finished"
+    assert StateStore(tmp_path / "job").load().state == state  # persisted as it ended
+
+
+def test_a_notice_checkpoints_and_a_lost_node_restarts_from_it(tmp_path):
+    cloud = FakeCloud({US: 2, EU: 2})
+    script = {
+        7: lambda t: cloud.notice(t.nodes[0]),  # seen before step 8
+        8: lambda t: cloud.kill(t.nodes[0]),  # dies during step 8
+    }
+    trainer = FakeTrainer(cloud, script)
+    state = make_driver(tmp_path, cloud, trainer).run()
+    assert state.phase == "done" and state.recoveries == 1
+    assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]  # as without the loss
+    assert 8 in trainer.checkpoints  # the notice's checkpoint, before step 8 ran
+    assert trainer.starts == [None, 8]  # restarted from it: no step lost
+    events = list(read_events(tmp_path / "job" / "events.jsonl"))
+    kinds = [e["event"] for e in events]
+    assert kinds.count("preemption_notice") == 1 and kinds.count("node_lost") == 1
+    recovered = [e for e in events if e["event"] == "recovered"]
+    assert len(recovered) == 1 and recovered[0]["details"]["recovery_s"] > 0
+
+
+def test_a_loss_without_notice_replays_from_the_periodic_checkpoint(tmp_path):
+    cloud = FakeCloud({US: 2, EU: 2})
+    trainer = FakeTrainer(cloud, {12: lambda t: cloud.kill(t.nodes[1])})
+    state = make_driver(tmp_path, cloud, trainer).run()
+    assert trainer.starts == [None, 10]
+    assert trainer.steps_run == 20 + 2  # steps 10 and 11 trained twice
+    assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]
+
+
+def test_capacity_refused_fails_over_to_the_next_place(tmp_path):
+    cloud = FakeCloud({US: 1, EU: 2})  # US cannot give two nodes
+    plans = FakePlans()
+    trainer = FakeTrainer(cloud)
+    state = make_driver(tmp_path, cloud, trainer, plans=plans).run()
+    assert state.phase == "done"
+    assert plans.asked == [frozenset(), frozenset({US})]
+    assert "capacity_refused" in names(tmp_path)
+
+
+def test_no_capacity_anywhere_stops_with_a_clear_event_and_keeps_the_state(tmp_path):
+    cloud = FakeCloud({US: 0, EU: 1})
+    state = make_driver(tmp_path, cloud, FakeTrainer(cloud)).run()
+    assert state.phase == "failed"
+    last = list(read_events(tmp_path / "job" / "events.jsonl"))[-1]
+    assert last["event"] == "no_plan" and "no feasible plan" in last["reason"]
+    assert StateStore(tmp_path / "job").load().state.phase == "failed"
+
+
+def test_the_budget_stops_the_job_after_a_checkpoint(tmp_path):
+    cloud = FakeCloud({US: 2})
+    trainer = FakeTrainer(cloud)
+    state = make_driver(tmp_path, cloud, trainer, budget=0.0055).run()
+    assert state.phase == "done" and state.step < 20
+    assert trainer.checkpoints[-1] == state.step and cloud.alive == {}
+    assert "budget_reached" in names(tmp_path)
+
+
+class DriverDied(BaseException):
+    """Stands for the driver's process being killed (not an error the driver handles)."""
+
+
+def test_a_restarted_driver_resumes_from_its_state(tmp_path):
+    cloud = FakeCloud({US: 2, EU: 2})
+
+    def die(trainer):
+        raise DriverDied
+
+    first = FakeTrainer(cloud, {13: die})
+    with pytest.raises(DriverDied):
+        make_driver(tmp_path, cloud, first).run()
+    saved = StateStore(tmp_path / "job").load().state
+    assert saved.phase == "train" and saved.step == 13 and saved.checkpoint_step == 10
+    second = FakeTrainer(cloud)
+    state = make_driver(tmp_path, cloud, second).run()
+    assert state.phase == "done" and second.starts == [10]
+    assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]
+    assert "driver_restarted" in names(tmp_path)
