@@ -65,7 +65,7 @@ def poll(catalog: Catalog, providers: Sequence[str], *, strict: bool) -> LiveMar
                 ) from None
             warnings.append(f"skipped {name}: {error.call} failed: {error.message.split('. ')[0]}")
             continue
-        converted, dropped = _convert(catalog, live)
+        converted, dropped = convert_offers(catalog, live)
         if dropped:
             warnings.append(f"{name}: left out {dropped} offers with no on-demand price anywhere")
         for offer, seen_s in converted:
@@ -75,7 +75,11 @@ def poll(catalog: Catalog, providers: Sequence[str], *, strict: bool) -> LiveMar
     return LiveMarket(OfferTable(offers, source), warnings, observed)
 
 
-def _convert(catalog: Catalog, live: Sequence[LiveOffer]) -> tuple[list[tuple[Offer, float]], int]:
+def convert_offers(
+    catalog: Catalog, live: Sequence[LiveOffer]
+) -> tuple[list[tuple[Offer, float]], int]:
+    """A provisioner's offers in the catalog's terms, each with the Unix time it was observed; and
+    how many were left out (a GPU the catalog lacks, or no on-demand price anywhere)."""
     snapshot = {
         (o.location.cloud, o.location.region, o.instance_type): o.on_demand_usd_per_hour
         for o in catalog.offers.offers

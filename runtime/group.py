@@ -179,11 +179,17 @@ class WorkerGroup:
         )
         return step
 
-    def shutdown(self) -> None:
+    def shutdown(self, *, graceful: bool = True, timeout_s: float = 60.0) -> None:
+        """Stop every worker and free the gang's slots. ``graceful``: let workers finish their
+        sends and leave the process group first (a group that lost a worker cannot: its members
+        would wait on the dead one, so they are killed at once)."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        ray.get([a.close.remote() for a in self.actors])
-        for actor in self.actors:
-            ray.kill(actor)
-        remove_placement_group(self.placement)
+        try:
+            if graceful:
+                ray.get([a.close.remote() for a in self.actors], timeout=timeout_s)
+        finally:
+            for actor in self.actors:
+                ray.kill(actor)
+            remove_placement_group(self.placement)

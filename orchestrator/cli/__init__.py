@@ -12,7 +12,14 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from orchestrator.catalog import Catalog
-from orchestrator.cli import catalog_cmd, plan_cmd, profile_cmd, recipe_cmd, simulate_cmd
+from orchestrator.cli import (
+    catalog_cmd,
+    plan_cmd,
+    profile_cmd,
+    recipe_cmd,
+    simulate_cmd,
+    submit_cmd,
+)
 from orchestrator.errors import USER_ERROR_EXIT_CODE, NotBuiltError, UserError
 
 NOT_BUILT_EXIT_CODE = 3
@@ -30,7 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=_Formatter,
         epilog="examples:\n  python -m orchestrator validate recipes/quickstart.yaml\n"
         "  python -m orchestrator catalog offers --gpu A100 --json\n"
-        "  python -m orchestrator submit recipes/quickstart.yaml   (not built yet)",
+        "  python -m orchestrator submit recipes/quickstart.yaml",
     )
     parser.add_argument(
         "--configs",
@@ -45,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate_cmd.add_simulate(commands, _Formatter)
     plan_cmd.add_plan(commands, _Formatter)
     profile_cmd.add_profile(commands, _Formatter)
+    submit_cmd.add_submit(commands, _Formatter)
     recipe_cmd.add_pending(commands, _Formatter)
     return parser
 

@@ -92,12 +92,6 @@ def _recipe_json(recipe: Recipe) -> dict:
 
 # Commands that are part of the product but not built yet: each says what it will do.
 PENDING = {
-    "submit": (
-        "run a recipe end to end on the chosen provider",
-        "start the driver actor, which polls the market, plans, launches nodes, trains, and re-plans and "
-        "recovers when spot VMs are preempted; by default on the local simulated cloud",
-        "python -m orchestrator submit recipes/quickstart.yaml",
-    ),
     "status": (
         "show the state of submitted jobs",
         "print each job's step, loss, samples/s, $ spent and GPUs by location (or --json)",
@@ -125,5 +119,5 @@ def _run_pending(args: argparse.Namespace, catalog: Catalog) -> int:
     summary, detail, _ = PENDING[args.pending]
     raise NotBuiltError(
         f"'{args.pending}' is not built yet. It will {detail}.\n"
-        "Available now: validate, catalog, simulate, plan, profile (python -m orchestrator --help)."
+        "Available now: validate, catalog, simulate, plan, profile, submit (python -m orchestrator --help)."
     )

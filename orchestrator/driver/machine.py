@@ -64,6 +64,7 @@ class Request:
     count: int
     spot: bool
     usd_per_node_hour: float
+    instance_type: str = ""  # the offer's; empty where the cloud picks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -93,7 +94,10 @@ class Cloud(Protocol):
 
 
 class Trainer(Protocol):
-    def start(self, plan: dict, *, restore_step: int | None) -> None: ...
+    def start(self, plan: dict, *, restore_step: int | None) -> int:
+        """Start on ``plan`` from the checkpoint at ``restore_step`` (None: from scratch);
+        return the step training resumes at (older than asked when that checkpoint is bad)."""
+
     def step(self, step: int) -> StepResult: ...
     def checkpoint(self, step: int) -> None: ...
     def stop(self) -> None: ...
@@ -199,18 +203,28 @@ class Driver:
         return Phase.START
 
     def _start(self) -> Phase:
-        choice = self.session.choice
+        choice, wanted = self.session.choice, self.state.checkpoint_step
         assert choice is not None
         try:
-            self.trainer.start(choice.plan, restore_step=self.state.checkpoint_step)
+            resumed = self.trainer.start(choice.plan, restore_step=wanted)
         except WorkersLost as lost:
             return self._lost(str(lost))
-        restored = self.state.checkpoint_step
+        if resumed != self.state.step:
+            if wanted is not None and resumed != wanted:
+                self._log(
+                    "checkpoint_unreadable",
+                    f"resume at step {resumed}",
+                    f"the checkpoint at step {wanted} could not be read",
+                )
+            self._save(
+                step=resumed,
+                losses=self.state.losses[:resumed],
+                checkpoint_step=resumed or None,
+            )
         self._log(
             "started",
             "train",
-            f"from step {self.state.step}"
-            + (f" (checkpoint of step {restored})" if restored is not None else ""),
+            f"from step {resumed}" + (f" (checkpoint of step {resumed})" if resumed else ""),
         )
         return Phase.TRAIN
 

@@ -163,7 +163,7 @@ def test_user_errors_exit_2(capsys, args, fragment):
     assert fragment in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["submit", "status"])
+@pytest.mark.parametrize("command", ["status"])
 def test_pending_commands_say_what_they_will_do(capsys, command):
     assert main([command, "recipes/quickstart.yaml"]) == 3
     err = capsys.readouterr().err

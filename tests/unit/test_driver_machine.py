@@ -90,13 +90,16 @@ class FakeTrainer:
     def __init__(self, cloud: FakeCloud, script: dict | None = None) -> None:
         self.cloud, self.script = cloud, dict(script or {})
         self.checkpoints: list[int] = []
+        self.corrupt: set[int] = set()  # checkpoints that cannot be read back
         self.starts: list[int | None] = []
         self.nodes: list[str] = []
         self.steps_run = 0
 
-    def start(self, plan: dict, *, restore_step: int | None) -> None:
+    def start(self, plan: dict, *, restore_step: int | None) -> int:
         self.starts.append(restore_step)
         self.nodes = list(self.cloud.alive)
+        good = [c for c in self.checkpoints if c <= (restore_step or 0) and c not in self.corrupt]
+        return max(good, default=0)
 
     def step(self, step: int) -> StepResult:
         action = self.script.pop(step, None)
@@ -230,3 +233,19 @@ def test_a_restarted_driver_resumes_from_its_state(tmp_path):
     assert state.phase == "done" and second.starts == [10]
     assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]
     assert "driver_restarted" in names(tmp_path)
+
+
+def test_a_corrupt_checkpoint_falls_back_to_the_previous_good_one(tmp_path):
+    cloud = FakeCloud({US: 2, EU: 2})
+
+    def corrupt_and_kill(trainer):
+        trainer.corrupt.add(10)
+        cloud.kill(trainer.nodes[0])
+
+    trainer = FakeTrainer(cloud, {12: corrupt_and_kill})
+    state = make_driver(tmp_path, cloud, trainer).run()
+    assert trainer.starts == [None, 10] and trainer.steps_run == 20 + 7  # steps 5..11 again
+    assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]
+    events = list(read_events(tmp_path / "job" / "events.jsonl"))
+    unreadable = [e for e in events if e["event"] == "checkpoint_unreadable"]
+    assert len(unreadable) == 1 and "step 10" in unreadable[0]["reason"]

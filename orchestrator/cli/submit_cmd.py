@@ -1,0 +1,184 @@
+"""``python -m orchestrator submit RECIPE``: run a recipe end to end on the local simulated cloud.
+
+The driver (orchestrator/driver/machine.py) polls the market, plans, launches the plan's nodes,
+trains on them with the runtime, checkpoints, and on a lost node re-plans and resumes from the
+newest checkpoint. Its state and event log live in ``--jobs-dir/<job>/``; submitting a recipe whose
+job did not finish picks it up where its state says. A progress line shows step, loss, samples/s
+and $ spent; a summary ends the run.
+
+``--preempt-at STEP`` (repeatable) makes the market take one of the job's nodes back when that step
+is committed: a preemption notice, then the node's death ``--notice-s`` market seconds later.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.catalog import Catalog
+from orchestrator.driver.events import EventLog, read_events
+from orchestrator.driver.machine import Driver, DriverConfig, StepResult
+from orchestrator.driver.state import JobState, StateStore
+from orchestrator.errors import UserError
+from orchestrator.recipe import load_recipe
+
+
+def add_submit(commands: argparse._SubParsersAction, formatter: type) -> None:
+    p = commands.add_parser(
+        "submit",
+        help="run a recipe end to end on the local simulated cloud",
+        formatter_class=formatter,
+        description=__doc__,
+        epilog="example:\n  python -m orchestrator submit recipes/quickstart.yaml --preempt-at 60",
+    )
+    p.add_argument("recipe", type=Path, help="the recipe (YAML)")
+    p.add_argument(
+        "--jobs-dir", type=Path, default=Path(".orchestrator/jobs"), help="where job state lives"
+    )
+    p.add_argument("--preempt-at", type=int, action="append", default=[], metavar="STEP")
+    p.add_argument("--notice-s", type=float, default=2.0, help="market seconds of notice")
+    p.add_argument("--quiet", action="store_true", help="no progress line")
+    p.set_defaults(run=run_submit)
+
+
+def run_submit(args: argparse.Namespace, catalog: Catalog) -> int:
+    recipe = load_recipe(args.recipe, catalog=catalog)
+    if recipe.provider != "local":
+        raise UserError(
+            f"submit runs on the local simulated cloud in this version, not {recipe.provider}",
+            file=str(args.recipe),
+            field="provider",
+            fix="write provider: local (plan and simulate work for every provider)",
+        )
+    job = recipe.name or args.recipe.stem
+    folder = args.jobs_dir / job
+    store, events = StateStore(folder), EventLog(folder / "events.jsonl")
+    state = _state(store, job, args.recipe)
+    from orchestrator.simulator import views_for
+    from provisioners.local.provisioner import LocalProvisioner
+
+    provisioner = LocalProvisioner(seed=recipe.training.seed, notice_s=args.notice_s)
+    try:
+        import ray
+
+        ray.init(address=provisioner.address, log_to_driver=False)
+        driver = _driver(args, recipe, catalog, provisioner, store, events, state, views_for)
+        started = time.monotonic()
+        final = driver.run()
+        elapsed = time.monotonic() - started
+    finally:
+        _shutdown(provisioner)
+    _summary(final, folder, elapsed, driver)
+    return 0 if final.phase == "done" else 1
+
+
+def _state(store: StateStore, job: str, recipe_path: Path) -> JobState:
+    if store.exists():
+        loaded = store.load()
+        for problem in loaded.problems:
+            print(f"note: job state {problem}; using {loaded.source.name}", file=sys.stderr)
+        if loaded.state.phase not in ("done", "failed"):
+            print(f"resuming job {job} at step {loaded.state.step}", file=sys.stderr)
+            return loaded.state
+    return JobState(job=job, recipe_path=str(recipe_path), phase="plan")
+
+
+def _driver(args, recipe, catalog, provisioner, store, events, state, views_for) -> Driver:
+    from orchestrator.driver.world import (
+        MarketPlans,
+        ProvisionerCloud,
+        RuntimeTrainer,
+        checkpoint_url,
+    )
+
+    network = None
+    if recipe.runtime.link_emulation:
+        network = views_for(catalog, catalog.market("local"))[0]
+    trainer = RuntimeTrainer(
+        recipe=recipe,
+        catalog=catalog,
+        job=state.job,
+        checkpoint_url=checkpoint_url(recipe, args.recipe),
+        network=network,
+    )
+    progress = _Progress(recipe.training.steps, quiet=args.quiet)
+    schedule = sorted(set(args.preempt_at))
+
+    def on_step(current: JobState, result: StepResult) -> None:
+        progress.show(current, result)
+        if schedule and current.step >= schedule[0]:
+            schedule.pop(0)
+            nodes = sorted(current.nodes)
+            if nodes:  # the seeded chaos: always the first node of the current gang
+                provisioner.preempt_now(nodes[0])
+
+    return Driver(
+        store=store,
+        events=events,
+        plans=MarketPlans(recipe, catalog, provisioner),
+        cloud=ProvisionerCloud(provisioner),
+        trainer=trainer,
+        config=DriverConfig(
+            steps=recipe.training.steps,
+            checkpoint_every_steps=recipe.checkpointing.every_steps,
+            budget_usd=recipe.objective.budget_usd,
+        ),
+        state=state,
+        on_step=on_step,
+    )
+
+
+class _Progress:
+    """One line, rewritten in place on a terminal; every 10th step otherwise."""
+
+    def __init__(self, steps: int, *, quiet: bool) -> None:
+        self.steps, self.quiet = steps, quiet
+        self.tty = sys.stderr.isatty()
+        self.marks: list[tuple[float, int]] = []
+
+    def show(self, state: JobState, result: StepResult) -> None:
+        now = time.monotonic()
+        self.marks = [*self.marks[-19:], (now, state.step)]
+        (t0, s0), rate = self.marks[0], 0.0
+        if now > t0 and state.step > s0:
+            rate = (state.step - s0) / (now - t0)
+        if self.quiet or (not self.tty and state.step % 10):
+            return
+        eta = (self.steps - state.step) / rate if rate else float("nan")
+        spent = state.compute_usd + state.egress_usd
+        line = (
+            f"step {state.step}/{self.steps}  loss {result.loss:.4f}  {rate:.2f} steps/s  "
+            f"${spent:.5f} spent  ETA {eta:.0f} s"
+        )
+        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr)
+
+
+def _summary(state: JobState, folder: Path, elapsed_s: float, driver: Driver) -> None:
+    events = list(read_events(folder / "events.jsonl"))
+    choice = driver.session.choice
+    print(file=sys.stderr)
+    print(f"job {state.job}: {state.phase} after {state.step} steps in {elapsed_s:.1f} s")
+    if state.losses:
+        print(f"final loss {state.losses[-1]:.4f}")
+    if choice is not None:
+        print(f"plan: {choice.summary}")
+        print(f"predicted {choice.samples_per_s:.3g} samples/s at ${choice.usd_per_hour:.3g}/h")
+    print(
+        f"spent ${state.compute_usd + state.egress_usd:.5f} "
+        f"(compute ${state.compute_usd:.5f} + egress ${state.egress_usd:.5f} for "
+        f"{state.egress_bytes / 1e6:.1f} MB)"
+    )
+    recoveries = [e for e in events if e["event"] == "recovered"]
+    for event in recoveries:
+        print(f"recovered in {event['details']['recovery_s']:.1f} s")
+    print(f"events: {folder / 'events.jsonl'}")
+
+
+def _shutdown(provisioner) -> None:
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
+    provisioner.close()

@@ -1,0 +1,259 @@
+"""The driver's collaborators for real: the market and planner, a provisioner, the runtime.
+
+- ``MarketPlans``: polls the provisioner's offers now (prices and free capacity), plans the recipe
+  on them with the places that just refused capacity left out, and turns the best plan into
+  launch requests (nodes per place, at the offer's price).
+- ``ProvisionerCloud``: launch / terminate / events through a provisioner (provisioners/base.py);
+  capacity and quota errors become ``CapacityRefused`` so the driver fails over.
+- ``RuntimeTrainer``: the runtime's worker group on the plan's layout (runtime/group.py), restored
+  from the newest readable checkpoint (an older one when the newest is corrupt), with egress
+  measured from the workers' byte counters and priced by the catalog's rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+
+import yaml
+
+from orchestrator.catalog import Catalog
+from orchestrator.catalog.offers import OfferTable
+from orchestrator.driver.machine import CapacityRefused, Choice, Request, StepResult, WorkersLost
+from orchestrator.errors import UserError
+from orchestrator.market import convert_offers
+from orchestrator.plan import Plan, parse_plan
+from orchestrator.recipe.schema import Recipe
+from provisioners.base import CapacityError, LaunchRequest, Provisioner, QuotaError
+
+log = logging.getLogger(__name__)
+
+
+def describe(plan: Plan) -> str:
+    """``2 stages x 2 replicas, microbatch 2: 2 T4 in local/sim-us/sim-us-a, ...``"""
+    gpus: dict[tuple[str, str], int] = defaultdict(int)
+    for stage in plan.stages:
+        for r in stage.replicas:
+            gpus[(r.gpu, r.infra)] += r.tp
+    where = ", ".join(f"{n} {gpu} in {infra}" for (gpu, infra), n in sorted(gpus.items()))
+    return (
+        f"{plan.num_stages} stages x {plan.dp_degree} replicas, microbatch "
+        f"{plan.microbatch_size}: {where}"
+    )
+
+
+class MarketPlans:
+    def __init__(self, recipe: Recipe, catalog: Catalog, provisioner: Provisioner) -> None:
+        self.recipe, self.catalog, self.provisioner = recipe, catalog, provisioner
+
+    def choose(self, *, excluded: frozenset[str]) -> Choice:
+        from orchestrator.planner import plan_recipe
+
+        market = self.market()
+        constraints = self.recipe.constraints
+        recipe = replace(
+            self.recipe,
+            constraints=replace(
+                constraints,
+                exclude_locations=tuple(sorted({*constraints.exclude_locations, *excluded})),
+            ),
+        )
+        result = plan_recipe(recipe, self.catalog, market)
+        if not result.plans:
+            left_out = f" (left out after refusing capacity: {', '.join(sorted(excluded))})"
+            raise UserError(
+                "no feasible plan on the market now" + (left_out if excluded else ""),
+                fix="see why: python -m orchestrator plan RECIPE; widen constraints.locations, "
+                "gpu_types or max_gpus, or raise the budget",
+            )
+        best = result.plans[0]
+        return Choice(
+            plan=best.plan.to_dict(),
+            summary=describe(best.plan),
+            requests=tuple(requests_for(best.plan, market)),
+            samples_per_s=best.estimate.samples_per_s,
+            usd_per_hour=best.estimate.cost_per_hour_usd,
+        )
+
+    def market(self) -> OfferTable:
+        """The provisioner's offers now, in the catalog's terms."""
+        converted, _ = convert_offers(self.catalog, self.provisioner.offers())
+        return OfferTable([offer for offer, _ in converted], f"live: {self.recipe.provider}")
+
+
+def requests_for(plan: Plan, market: OfferTable) -> list[Request]:
+    """Nodes per (place, GPU, pricing): the cheapest offer there, as many nodes as the GPUs need."""
+    gpus: dict[tuple[str, str, bool], int] = defaultdict(int)
+    for stage in plan.stages:
+        for r in stage.replicas:
+            gpus[(r.infra, r.gpu, r.spot)] += r.tp
+    requests = []
+    for (infra, gpu, spot), count in sorted(gpus.items()):
+        offers = [
+            o
+            for o in market.offers
+            if str(o.location) == infra and o.gpu == gpu and o.price_usd_per_hour(spot=spot)
+        ]
+        if not offers:
+            raise UserError(f"the market has no {gpu} offer in {infra}", fix="re-plan")
+        offer = min(offers, key=lambda o: o.price_usd_per_hour(spot=spot) / o.gpus_per_node)
+        requests.append(
+            Request(
+                infra=infra,
+                gpu=gpu,
+                count=math.ceil(count / offer.gpus_per_node),
+                spot=spot,
+                usd_per_node_hour=offer.price_usd_per_hour(spot=spot),
+                instance_type=offer.instance_type,
+            )
+        )
+    return requests
+
+
+class ProvisionerCloud:
+    def __init__(self, provisioner: Provisioner, *, launch_timeout_s: float = 120.0) -> None:
+        self.provisioner, self.launch_timeout_s = provisioner, launch_timeout_s
+
+    def launch(self, request: Request, *, gang: str) -> list[str]:
+        launch = LaunchRequest(
+            gang=gang,
+            infra=request.infra,
+            instance_type=request.instance_type,
+            gpu=request.gpu,
+            count=request.count,
+            spot=request.spot,
+            timeout_s=self.launch_timeout_s,
+        )
+        try:
+            return [node.node_id for node in self.provisioner.launch(launch)]
+        except (CapacityError, QuotaError) as error:
+            raise CapacityRefused(request.infra, f"{error.call}: {error.message}") from None
+
+    def terminate(self, node_ids) -> None:
+        if node_ids:
+            self.provisioner.terminate(list(node_ids))
+
+    def poll_events(self, *, timeout_s: float = 0.0) -> list:
+        return self.provisioner.poll_events(timeout_s=timeout_s)
+
+
+class RuntimeTrainer:
+    """The runtime on the current plan; steps are committed counts (step ``k`` trains the
+    ``k``-th step; a checkpoint "at k" holds the state after ``k`` steps)."""
+
+    def __init__(
+        self, *, recipe: Recipe, catalog: Catalog, job: str, checkpoint_url: str, network=None
+    ) -> None:
+        self.recipe, self.catalog, self.job = recipe, catalog, job
+        self.checkpoint_url, self.network = checkpoint_url, network
+        self.group = None
+        self._sent: dict[tuple[str, str], int] = {}
+        self._healthy = True  # False once a worker failed: stop without waiting on it
+
+    def start(self, plan_document: dict, *, restore_step: int | None) -> int:
+        import ray
+
+        from orchestrator.layout import layout_from_plan
+        from runtime.group import WorkerGroup, WorkerPlacementError
+        from runtime.reference import TrainConfig
+
+        plan = parse_plan(yaml.safe_dump(plan_document), file="<the driver's plan>")
+        layout = layout_from_plan(plan, model=self.recipe.model.name, network=self.network)
+        training = self.recipe.training
+        config = TrainConfig(
+            steps=training.steps,
+            global_batch_size=training.global_batch_size,
+            microbatch_size=plan.microbatch_size,
+            learning_rate=training.optimizer.lr,
+            weight_decay=training.optimizer.weight_decay,
+            seed=training.seed,
+        )
+        self._sent, self._healthy = {}, True
+        try:
+            self.group = WorkerGroup.start(layout, config, timeout_s=120.0)
+            return self._restore(restore_step)
+        except (ray.exceptions.RayError, WorkerPlacementError) as error:
+            self._healthy = False
+            raise WorkersLost(f"starting the workers failed: {error}") from None
+
+    def _restore(self, restore_step: int | None) -> int:
+        """The committed step training resumes at: ``restore_step``, or an older complete
+        checkpoint when that one cannot be read (corrupt or truncated)."""
+        from runtime import checkpoint
+        from runtime.storage import open_store
+
+        if not restore_step:
+            return 0
+        store = open_store(self.checkpoint_url)
+        candidates = sorted(
+            (
+                s
+                for s, done in checkpoint.steps(store, self.job).items()
+                if done and s < restore_step
+            ),
+            reverse=True,
+        )
+        for trained in candidates:
+            try:
+                self.group.restore(self.checkpoint_url, self.job, trained)
+                return trained + 1
+            except checkpoint.CheckpointCorruptError as error:
+                log.warning(
+                    "checkpoint of step %d unusable, trying an older one: %s", trained, error
+                )
+        return 0
+
+    def step(self, step: int) -> StepResult:
+        import ray
+
+        try:
+            loss = self.group.step(step, timeout_s=300.0)
+            counters = self.group.counters()
+        except ray.exceptions.RayError as error:
+            self._healthy = False
+            raise WorkersLost(f"step {step}: {type(error).__name__}") from None
+        return StepResult(loss=loss, **self._egress(counters))
+
+    def _egress(self, counters: list[dict]) -> dict:
+        """Bytes that crossed a place boundary since the last step, and their price."""
+        totals: dict[tuple[str, str], int] = defaultdict(int)
+        for worker in counters:
+            for (src, dst), size in worker["bytes_sent"].items():
+                totals[(src, dst)] += size
+        moved = usd = 0.0
+        for pair, size in totals.items():
+            delta = size - self._sent.get(pair, 0)
+            if pair[0] != pair[1] and delta > 0:
+                moved += delta
+                usd += delta / 1e9 * self.catalog.egress_price(*pair).usd_per_gb
+        self._sent = dict(totals)
+        return {"egress_bytes": moved, "egress_usd": usd}
+
+    def checkpoint(self, step: int) -> None:
+        if step < 1:
+            return
+        self.group.checkpoint(
+            self.checkpoint_url, self.job, step - 1, keep_last=self.recipe.checkpointing.keep_last
+        )
+
+    def stop(self) -> None:
+        import ray
+
+        if self.group is None:
+            return
+        try:
+            self.group.shutdown(graceful=self._healthy)
+        except ray.exceptions.RayError as error:  # a worker died while closing: killed anyway
+            log.info("stopping the workers: %s", error)
+        self.group = None
+
+
+def checkpoint_url(recipe: Recipe, recipe_path: Path) -> str:
+    """The recipe's checkpoint path; a relative folder is relative to the recipe's folder."""
+    path = recipe.checkpointing.path
+    if "://" in path or Path(path).is_absolute():
+        return path
+    return str((recipe_path.parent / path).resolve())
