@@ -13,6 +13,9 @@ is committed: a preemption notice, then the node's death ``--notice-s`` market s
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -23,6 +26,7 @@ from orchestrator.driver.machine import Driver, DriverConfig, StepResult
 from orchestrator.driver.state import JobState, StateStore
 from orchestrator.errors import UserError
 from orchestrator.recipe import load_recipe
+from orchestrator.recipe.schema import Recipe
 
 
 def add_submit(commands: argparse._SubParsersAction, formatter: type) -> None:
@@ -54,6 +58,7 @@ def run_submit(args: argparse.Namespace, catalog: Catalog) -> int:
         )
     job = recipe.name or args.recipe.stem
     folder = args.jobs_dir / job
+    recipe = _measured_here(recipe, folder)
     store, events = StateStore(folder), EventLog(folder / "events.jsonl")
     state = _state(store, job, args.recipe)
     from orchestrator.simulator import views_for
@@ -70,8 +75,37 @@ def run_submit(args: argparse.Namespace, catalog: Catalog) -> int:
         elapsed = time.monotonic() - started
     finally:
         _shutdown(provisioner)
-    _summary(final, folder, elapsed, driver)
+    _summary(final, folder, elapsed, driver, recipe.training.global_batch_size)
     return 0 if final.phase == "done" else 1
+
+
+def _measured_here(recipe: Recipe, folder: Path) -> Recipe:
+    """On the local cloud a worker is a CPU slot standing in for a T4: with ``profile: auto``,
+    time the model on this machine once (runtime/profiler.py; kept in the job's folder) so the
+    plan's predictions are about this machine rather than a real T4."""
+    from runtime.models.specs import model_spec
+
+    spec = model_spec(recipe.model.name)
+    if recipe.model.profile != "auto" or spec.family != "gpt":
+        return recipe
+    path = (folder / f"profile-{spec.name}.json").resolve()
+    if not path.exists():
+        from orchestrator.cli.profile_cmd import measured_profile
+        from orchestrator.profiles.profile import profile_to_json
+        from runtime.profiler import ProfilerConfig, profile_gpt
+
+        config = ProfilerConfig(
+            microbatch_sizes=recipe.training.microbatch_sizes,
+            optimizer=recipe.training.optimizer.name,
+            seed=recipe.training.seed,
+        )
+        measured = measured_profile(
+            profile_gpt(spec, config), gpu="T4", precision=recipe.training.precision
+        )
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(profile_to_json(measured, "T4"), indent=1))
+        print(f"profiled {spec.name} on this machine: {path}", file=sys.stderr)
+    return dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, profile=str(path)))
 
 
 def _state(store: StateStore, job: str, recipe_path: Path) -> JobState:
@@ -82,7 +116,8 @@ def _state(store: StateStore, job: str, recipe_path: Path) -> JobState:
         if loaded.state.phase not in ("done", "failed"):
             print(f"resuming job {job} at step {loaded.state.step}", file=sys.stderr)
             return loaded.state
-    return JobState(job=job, recipe_path=str(recipe_path), phase="plan")
+    run_id = f"{job}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    return JobState(job=job, recipe_path=str(recipe_path), phase="plan", run_id=run_id)
 
 
 def _driver(args, recipe, catalog, provisioner, store, events, state, views_for) -> Driver:
@@ -99,8 +134,8 @@ def _driver(args, recipe, catalog, provisioner, store, events, state, views_for)
     trainer = RuntimeTrainer(
         recipe=recipe,
         catalog=catalog,
-        job=state.job,
-        checkpoint_url=checkpoint_url(recipe, args.recipe),
+        job=state.run_id or state.job,
+        checkpoint_url=checkpoint_url(recipe),
         network=network,
     )
     progress = _Progress(recipe.training.steps, quiet=args.quiet)
@@ -155,7 +190,7 @@ class _Progress:
         print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr)
 
 
-def _summary(state: JobState, folder: Path, elapsed_s: float, driver: Driver) -> None:
+def _summary(state: JobState, folder: Path, elapsed_s: float, driver: Driver, batch: int) -> None:
     events = list(read_events(folder / "events.jsonl"))
     choice = driver.session.choice
     print(file=sys.stderr)
@@ -164,12 +199,22 @@ def _summary(state: JobState, folder: Path, elapsed_s: float, driver: Driver) ->
         print(f"final loss {state.losses[-1]:.4f}")
     if choice is not None:
         print(f"plan: {choice.summary}")
-        print(f"predicted {choice.samples_per_s:.3g} samples/s at ${choice.usd_per_hour:.3g}/h")
+        measured = state.trained_steps * batch / state.train_s if state.train_s else 0.0
+        print(
+            f"samples/s: measured {measured:.3g}, predicted {choice.samples_per_s:.3g}; "
+            f"GPUs ${choice.usd_per_hour:.3g}/h"
+        )
     print(
         f"spent ${state.compute_usd + state.egress_usd:.5f} "
         f"(compute ${state.compute_usd:.5f} + egress ${state.egress_usd:.5f} for "
         f"{state.egress_bytes / 1e6:.1f} MB)"
     )
+    cores = os.cpu_count() or 1
+    if choice is not None and sum(r.count for r in choice.requests) > cores:
+        print(
+            f"note: the local cloud's workers share this machine's {cores} cores (a plan's "
+            "prediction assumes a device per worker): measured rates are shared-core rates"
+        )
     recoveries = [e for e in events if e["event"] == "recovered"]
     for event in recoveries:
         print(f"recovered in {event['details']['recovery_s']:.1f} s")

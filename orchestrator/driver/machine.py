@@ -12,8 +12,9 @@ against the local simulated cloud, a real cloud, or hand-written fakes in tests:
 - ``Trainer``: start the runtime on a plan (restoring a checkpoint if there is one), train one step,
   checkpoint, stop. ``WorkersLost`` from ``step`` means a worker's node died under it.
 
-Recovery in this version restarts the gang from the newest checkpoint; steps committed after it are
-trained again (the data of step ``k`` depends only on ``k``, so the losses repeat).
+Recovery in this version keeps the nodes that survived, launches what the new plan needs beyond
+them, and restarts the workers from the newest checkpoint; steps committed after it are trained
+again (the data of step ``k`` depends only on ``k``, so the losses repeat).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import enum
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from orchestrator.driver.events import Event, EventLog
@@ -84,12 +85,14 @@ class StepResult:
 
 
 class PlanSource(Protocol):
-    def choose(self, *, excluded: frozenset[str]) -> Choice: ...
+    def choose(self, *, excluded: frozenset[str], held: dict[str, int]) -> Choice:
+        """The best plan now; ``held``: nodes this job already holds per place (free to it)."""
 
 
 class Cloud(Protocol):
     def launch(self, request: Request, *, gang: str) -> list[str]: ...
     def terminate(self, node_ids: Sequence[str]) -> None: ...
+    def alive(self, node_ids: Sequence[str]) -> set[str]: ...
     def poll_events(self, *, timeout_s: float = 0.0) -> list: ...
 
 
@@ -119,7 +122,12 @@ class _Session:
     nodes: dict[str, Request] = field(default_factory=dict)  # node id -> what it was launched as
     excluded: set[str] = field(default_factory=set)
     lost_at_s: float | None = None  # when the node loss under recovery happened
+    step_from_s: float = 0.0  # when the step being trained began
     billed_at_s: float = 0.0
+
+
+def _same_kind(a: Request, b: Request) -> bool:
+    return (a.infra, a.gpu, a.spot, a.instance_type) == (b.infra, b.gpu, b.spot, b.instance_type)
 
 
 class Driver:
@@ -169,7 +177,9 @@ class Driver:
     def _plan(self) -> Phase:
         before = self.session.choice.summary if self.session.choice else None
         try:
-            choice = self.plans.choose(excluded=frozenset(self.session.excluded))
+            choice = self.plans.choose(
+                excluded=frozenset(self.session.excluded), held=self._held_by_place()
+            )
         except UserError as error:
             self._log("no_plan", "stop; the job's state and checkpoints are kept", error.message)
             return Phase.FAILED
@@ -185,21 +195,37 @@ class Driver:
         return Phase.LAUNCH
 
     def _launch(self) -> Phase:
+        """Launch what the plan needs beyond the nodes still held (survivors of a loss), and let go
+        of held nodes it does not use."""
         choice, started = self.session.choice, {}
         assert choice is not None
+        spare = dict(self.session.nodes)  # held nodes not yet given a role in the new plan
+        kept = {}
         for request in choice.requests:
+            mine = [n for n, r in spare.items() if _same_kind(r, request)][: request.count]
+            kept.update((n, spare.pop(n)) for n in mine)
+            missing = request.count - len(mine)
+            if missing == 0:
+                continue
             try:
-                ids = self.cloud.launch(request, gang=f"{self.state.job}-{self.state.version}")
+                ids = self.cloud.launch(
+                    replace(request, count=missing), gang=f"{self.state.job}-{self.state.version}"
+                )
             except CapacityRefused as refused:
                 self.cloud.terminate(list(started))  # all or nothing, across places too
                 self.session.excluded.add(refused.infra)
                 self._log("capacity_refused", "re-plan without that place", str(refused))
                 return Phase.PLAN
             started.update(dict.fromkeys(ids, request))
-        self.session.nodes = started
-        self.session.billed_at_s = self.clock()
-        self._log("launched", "start training", f"{len(started)} nodes")
-        self._save(nodes=tuple(started))
+        self._bill()
+        self.cloud.terminate(list(spare))
+        self.session.nodes = {**kept, **started}
+        self._log(
+            "launched",
+            "start training",
+            f"{len(started)} new nodes" + (f", {len(kept)} kept" if kept else ""),
+        )
+        self._save(nodes=tuple(self.session.nodes))
         return Phase.START
 
     def _start(self) -> Phase:
@@ -229,6 +255,7 @@ class Driver:
         return Phase.TRAIN
 
     def _train(self) -> Phase:
+        self.session.step_from_s = self.clock()
         while self.state.step < self.config.steps:
             phase = self._react(self.cloud.poll_events(timeout_s=0.0))
             if phase is not None:
@@ -246,18 +273,21 @@ class Driver:
         return Phase.DONE
 
     def _recover(self) -> Phase:
+        """Stop the workers, keep the nodes that are still alive, go back to planning."""
         self.trainer.stop()
-        self.cloud.terminate(list(self.session.nodes))
-        self.session.nodes = {}
+        self._bill()
+        alive = self.cloud.alive(list(self.session.nodes))
+        self.session.nodes = {n: r for n, r in self.session.nodes.items() if n in alive}
         restart = self.state.checkpoint_step or 0
         self._save(
             step=restart,
             losses=self.state.losses[:restart],
             recoveries=self.state.recoveries + 1,
-            nodes=(),
+            nodes=tuple(self.session.nodes),
         )
         if self.state.recoveries > self.config.max_recoveries:
             self._log("gave_up", "stop", f"{self.state.recoveries} recoveries")
+            self._finish()
             return Phase.FAILED
         self.session.excluded.clear()
         return Phase.PLAN
@@ -291,15 +321,30 @@ class Driver:
         )
         return Phase.RECOVER
 
-    def _commit(self, result: StepResult) -> None:
+    def _held_by_place(self) -> dict[str, int]:
+        held: dict[str, int] = {}
+        for request in self.session.nodes.values():
+            held[request.infra] = held.get(request.infra, 0) + 1
+        return held
+
+    def _bill(self) -> None:
+        """Add the held nodes' compute since the last bill (node-seconds x their price)."""
         now = self.clock()
         per_hour = sum(r.usd_per_node_hour for r in self.session.nodes.values())
-        compute = per_hour * (now - self.session.billed_at_s) / 3600
+        if self.session.billed_at_s:
+            spent = per_hour * (now - self.session.billed_at_s) / 3600
+            self.state = self.state.evolve(compute_usd=self.state.compute_usd + spent)
         self.session.billed_at_s = now
+
+    def _commit(self, result: StepResult) -> None:
+        self._bill()
+        now = self.clock()
+        took, self.session.step_from_s = now - self.session.step_from_s, now
         self._save(
+            trained_steps=self.state.trained_steps + 1,
+            train_s=self.state.train_s + took,
             step=self.state.step + 1,
             losses=(*self.state.losses, result.loss),
-            compute_usd=self.state.compute_usd + compute,
             egress_usd=self.state.egress_usd + result.egress_usd,
             egress_bytes=self.state.egress_bytes + result.egress_bytes,
         )
@@ -336,6 +381,7 @@ class Driver:
 
     def _finish(self) -> None:
         self.trainer.stop()
+        self._bill()
         self.cloud.terminate(list(self.session.nodes))
         self.session.nodes = {}
         self._save(nodes=())

@@ -28,6 +28,7 @@ class JobState:
     job: str
     recipe_path: str
     phase: str
+    run_id: str = ""  # names this submission's checkpoints (a job submitted again starts afresh)
     step: int = 0  # steps committed: the next step to train
     plan: dict | None = None  # the plan format (orchestrator/plan.py: Plan.to_dict)
     checkpoint_step: int | None = None  # the newest complete checkpoint, if any
@@ -37,6 +38,8 @@ class JobState:
     nodes: tuple[str, ...] = ()
     recoveries: int = 0
     losses: tuple[float, ...] = ()  # per committed step
+    trained_steps: int = 0  # steps trained, replays after a recovery included
+    train_s: float = 0.0  # seconds spent in those steps (not launching, starting, recovering)
     started_at_s: float = field(default_factory=time.time)
     updated_at_s: float = field(default_factory=time.time)
     version: int = 0  # one more at every save

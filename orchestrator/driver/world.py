@@ -27,7 +27,7 @@ from orchestrator.errors import UserError
 from orchestrator.market import convert_offers
 from orchestrator.plan import Plan, parse_plan
 from orchestrator.recipe.schema import Recipe
-from provisioners.base import CapacityError, LaunchRequest, Provisioner, QuotaError
+from provisioners.base import CapacityError, LaunchRequest, NodeState, Provisioner, QuotaError
 
 log = logging.getLogger(__name__)
 
@@ -49,10 +49,10 @@ class MarketPlans:
     def __init__(self, recipe: Recipe, catalog: Catalog, provisioner: Provisioner) -> None:
         self.recipe, self.catalog, self.provisioner = recipe, catalog, provisioner
 
-    def choose(self, *, excluded: frozenset[str]) -> Choice:
+    def choose(self, *, excluded: frozenset[str], held: dict[str, int]) -> Choice:
         from orchestrator.planner import plan_recipe
 
-        market = self.market()
+        market = self.market(held)
         constraints = self.recipe.constraints
         recipe = replace(
             self.recipe,
@@ -78,10 +78,17 @@ class MarketPlans:
             usd_per_hour=best.estimate.cost_per_hour_usd,
         )
 
-    def market(self) -> OfferTable:
-        """The provisioner's offers now, in the catalog's terms."""
+    def market(self, held: dict[str, int]) -> OfferTable:
+        """The provisioner's offers now, in the catalog's terms; the nodes this job holds count
+        as free to it."""
         converted, _ = convert_offers(self.catalog, self.provisioner.offers())
-        return OfferTable([offer for offer, _ in converted], f"live: {self.recipe.provider}")
+        offers = []
+        for offer, _ in converted:
+            mine = held.get(str(offer.location), 0)
+            if mine and offer.available_count is not None:
+                offer = replace(offer, available_count=offer.available_count + mine)
+            offers.append(offer)
+        return OfferTable(offers, f"live: {self.recipe.provider}")
 
 
 def requests_for(plan: Plan, market: OfferTable) -> list[Request]:
@@ -135,6 +142,14 @@ class ProvisionerCloud:
     def terminate(self, node_ids) -> None:
         if node_ids:
             self.provisioner.terminate(list(node_ids))
+
+    def alive(self, node_ids) -> set[str]:
+        wanted = set(node_ids)
+        return {
+            n.node_id
+            for n in self.provisioner.nodes()
+            if n.node_id in wanted and n.state is NodeState.RUNNING
+        }
 
     def poll_events(self, *, timeout_s: float = 0.0) -> list:
         return self.provisioner.poll_events(timeout_s=timeout_s)
@@ -251,9 +266,10 @@ class RuntimeTrainer:
         self.group = None
 
 
-def checkpoint_url(recipe: Recipe, recipe_path: Path) -> str:
-    """The recipe's checkpoint path; a relative folder is relative to the recipe's folder."""
+def checkpoint_url(recipe: Recipe) -> str:
+    """The recipe's checkpoint path: a URL (``s3://...``) as is, a folder made absolute (relative
+    folders are relative to where the job is submitted)."""
     path = recipe.checkpointing.path
-    if "://" in path or Path(path).is_absolute():
+    if "://" in path:
         return path
-    return str((recipe_path.parent / path).resolve())
+    return str(Path(path).resolve())

@@ -29,9 +29,11 @@ class FakePlans:
     def __init__(self, places=(US, EU)) -> None:
         self.places = places
         self.asked: list[frozenset] = []
+        self.held: list[dict] = []
 
-    def choose(self, *, excluded: frozenset[str]) -> Choice:
+    def choose(self, *, excluded: frozenset[str], held: dict[str, int]) -> Choice:
         self.asked.append(excluded)
+        self.held.append(dict(held))
         for place in self.places:
             if place not in excluded:
                 request = Request(infra=place, gpu="T4", count=2, spot=True, usd_per_node_hour=0.5)
@@ -48,7 +50,7 @@ class FakePlans:
 class FakeCloud:
     def __init__(self, capacity: dict[str, int]) -> None:
         self.capacity = dict(capacity)
-        self.alive: dict[str, str] = {}  # node id -> infra
+        self.alive_nodes: dict[str, str] = {}  # node id -> infra
         self.events: list = []
         self.launched = 0
 
@@ -62,24 +64,29 @@ class FakeCloud:
         for _ in range(request.count):
             self.launched += 1
             ids.append(f"n{self.launched}")
-            self.alive[ids[-1]] = request.infra
+            self.alive_nodes[ids[-1]] = request.infra
         return ids
 
     def terminate(self, node_ids) -> None:
         for node in node_ids:
-            infra = self.alive.pop(node, None)
+            infra = self.alive_nodes.pop(node, None)
             if infra is not None:
                 self.capacity[infra] += 1
+
+    def alive(self, node_ids) -> set[str]:
+        return {n for n in node_ids if n in self.alive_nodes}
 
     def poll_events(self, *, timeout_s: float = 0.0) -> list:
         events, self.events = self.events, []
         return events
 
     def notice(self, node: str) -> None:
-        self.events.append(PreemptionNotice(node_id=node, infra=self.alive[node], deadline_s=0))
+        self.events.append(
+            PreemptionNotice(node_id=node, infra=self.alive_nodes[node], deadline_s=0)
+        )
 
     def kill(self, node: str) -> None:
-        infra = self.alive.pop(node)
+        infra = self.alive_nodes.pop(node)
         self.events.append(NodeLost(node_id=node, infra=infra, reason="preempted"))
 
 
@@ -97,7 +104,7 @@ class FakeTrainer:
 
     def start(self, plan: dict, *, restore_step: int | None) -> int:
         self.starts.append(restore_step)
-        self.nodes = list(self.cloud.alive)
+        self.nodes = list(self.cloud.alive_nodes)
         good = [c for c in self.checkpoints if c <= (restore_step or 0) and c not in self.corrupt]
         return max(good, default=0)
 
@@ -105,7 +112,7 @@ class FakeTrainer:
         action = self.script.pop(step, None)
         if action is not None:
             action(self)
-        if any(n not in self.cloud.alive for n in self.nodes):
+        if any(n not in self.cloud.alive_nodes for n in self.nodes):
             raise WorkersLost(f"a worker of step {step} died")
         self.steps_run += 1
         return StepResult(loss=1.0 / (step + 1), egress_bytes=1e6, egress_usd=0.001)
@@ -150,7 +157,7 @@ def test_a_fault_free_run(tmp_path):
     assert state.phase == "done" and state.step == 20
     assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]
     assert trainer.checkpoints == [5, 10, 15, 20]
-    assert cloud.alive == {} and cloud.capacity == {US: 2, EU: 2}  # every node released
+    assert cloud.alive_nodes == {} and cloud.capacity == {US: 2, EU: 2}  # every node released
     assert state.egress_usd == pytest.approx(0.02) and state.compute_usd > 0
     assert names(tmp_path)[:3] == ["planned", "launched", "started"]
     assert names(tmp_path)[-1] == "finished"
@@ -209,7 +216,7 @@ def test_the_budget_stops_the_job_after_a_checkpoint(tmp_path):
     trainer = FakeTrainer(cloud)
     state = make_driver(tmp_path, cloud, trainer, budget=0.0055).run()
     assert state.phase == "done" and state.step < 20
-    assert trainer.checkpoints[-1] == state.step and cloud.alive == {}
+    assert trainer.checkpoints[-1] == state.step and cloud.alive_nodes == {}
     assert "budget_reached" in names(tmp_path)
 
 
@@ -249,3 +256,18 @@ def test_a_corrupt_checkpoint_falls_back_to_the_previous_good_one(tmp_path):
     events = list(read_events(tmp_path / "job" / "events.jsonl"))
     unreadable = [e for e in events if e["event"] == "checkpoint_unreadable"]
     assert len(unreadable) == 1 and "step 10" in unreadable[0]["reason"]
+
+
+def test_recovery_keeps_the_surviving_nodes_and_launches_only_what_is_missing(tmp_path):
+    cloud = FakeCloud({US: 3, EU: 2})
+    plans = FakePlans()
+    trainer = FakeTrainer(cloud, {12: lambda t: cloud.kill(t.nodes[0])})
+    state = make_driver(tmp_path, cloud, trainer, plans=plans).run()
+    assert state.phase == "done" and state.recoveries == 1
+    assert cloud.launched == 3  # two at first, one replacement
+    assert plans.held == [{}, {US: 1}]  # the survivor is offered back to the planner
+    launched = [
+        e for e in read_events(tmp_path / "job" / "events.jsonl") if e["event"] == "launched"
+    ]
+    assert [e["reason"] for e in launched] == ["2 new nodes", "1 new nodes, 1 kept"]
+    assert cloud.alive_nodes == {}
