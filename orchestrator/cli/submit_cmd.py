@@ -59,6 +59,12 @@ def run_submit(args: argparse.Namespace, catalog: Catalog) -> int:
     job = recipe.name or args.recipe.stem
     folder = args.jobs_dir / job
     recipe = _measured_here(recipe, folder)
+    if recipe.training.optimizer.grad_clip_norm is not None:
+        print(
+            "note: the runtime does not clip gradients yet: training runs without "
+            f"grad_clip_norm {recipe.training.optimizer.grad_clip_norm} (write null to silence this)",
+            file=sys.stderr,
+        )
     store, events = StateStore(folder), EventLog(folder / "events.jsonl")
     state = _state(store, job, args.recipe)
     from orchestrator.simulator import views_for
