@@ -14,6 +14,7 @@ from pathlib import Path
 from orchestrator.catalog import Catalog
 from orchestrator.cli import (
     catalog_cmd,
+    jobs_cmd,
     plan_cmd,
     profile_cmd,
     recipe_cmd,
@@ -53,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan_cmd.add_plan(commands, _Formatter)
     profile_cmd.add_profile(commands, _Formatter)
     submit_cmd.add_submit(commands, _Formatter)
-    recipe_cmd.add_pending(commands, _Formatter)
+    jobs_cmd.add_jobs(commands, _Formatter)
     return parser
 
 

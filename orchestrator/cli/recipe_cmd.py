@@ -8,7 +8,6 @@ from pathlib import Path
 
 from orchestrator.catalog import Catalog
 from orchestrator.cli.output import format_table, print_json
-from orchestrator.errors import NotBuiltError
 from orchestrator.recipe import Recipe, load_recipe
 from runtime.models.specs import model_spec
 
@@ -88,36 +87,3 @@ def _objective_text(recipe: Recipe) -> str:
 
 def _recipe_json(recipe: Recipe) -> dict:
     return dataclasses.asdict(recipe)
-
-
-# Commands that are part of the product but not built yet: each says what it will do.
-PENDING = {
-    "status": (
-        "show the state of submitted jobs",
-        "print each job's step, loss, samples/s, $ spent and GPUs by location (or --json)",
-        "python -m orchestrator status",
-    ),
-}
-
-
-def add_pending(commands: argparse._SubParsersAction, formatter: type) -> None:
-    for name, (summary, detail, example) in PENDING.items():
-        p = commands.add_parser(
-            name,
-            help=f"{summary} (not built yet)",
-            formatter_class=formatter,
-            description=f"Not built yet. When built, it will {detail}.",
-            epilog=f"example (once built):\n  {example}",
-        )
-        p.add_argument(
-            "args", nargs="*", metavar="ARG", help="the command's arguments (see the example)"
-        )
-        p.set_defaults(run=_run_pending, pending=name)
-
-
-def _run_pending(args: argparse.Namespace, catalog: Catalog) -> int:
-    summary, detail, _ = PENDING[args.pending]
-    raise NotBuiltError(
-        f"'{args.pending}' is not built yet. It will {detail}.\n"
-        "Available now: validate, catalog, simulate, plan, profile, submit (python -m orchestrator --help)."
-    )

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from orchestrator.catalog import Catalog
+from orchestrator.cli.jobs_cmd import JOBS_DIR, STOP_FILE
 from orchestrator.driver.events import EventLog, read_events
 from orchestrator.driver.machine import Driver, DriverConfig, StepResult
 from orchestrator.driver.state import JobState, StateStore
@@ -38,9 +39,7 @@ def add_submit(commands: argparse._SubParsersAction, formatter: type) -> None:
         epilog="example:\n  python -m orchestrator submit recipes/quickstart.yaml --preempt-at 60",
     )
     p.add_argument("recipe", type=Path, help="the recipe (YAML)")
-    p.add_argument(
-        "--jobs-dir", type=Path, default=Path(".orchestrator/jobs"), help="where job state lives"
-    )
+    p.add_argument("--jobs-dir", type=Path, default=JOBS_DIR, help="where job state lives")
     p.add_argument("--preempt-at", type=int, action="append", default=[], metavar="STEP")
     p.add_argument("--notice-s", type=float, default=2.0, help="market seconds of notice")
     p.add_argument("--quiet", action="store_true", help="no progress line")
@@ -59,6 +58,7 @@ def run_submit(args: argparse.Namespace, catalog: Catalog) -> int:
     job = recipe.name or args.recipe.stem
     folder = args.jobs_dir / job
     recipe = _measured_here(recipe, folder)
+    (folder / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier run
     if recipe.training.optimizer.grad_clip_norm is not None:
         print(
             "note: the runtime does not clip gradients yet: training runs without "
@@ -66,7 +66,9 @@ def run_submit(args: argparse.Namespace, catalog: Catalog) -> int:
             file=sys.stderr,
         )
     store, events = StateStore(folder), EventLog(folder / "events.jsonl")
-    state = _state(store, job, args.recipe)
+    state = _state(store, job, args.recipe).evolve(
+        steps_total=recipe.training.steps, global_batch_size=recipe.training.global_batch_size
+    )
     from orchestrator.simulator import views_for
     from provisioners.local.provisioner import LocalProvisioner
 
@@ -120,7 +122,9 @@ def _state(store: StateStore, job: str, recipe_path: Path) -> JobState:
         for problem in loaded.problems:
             print(f"note: job state {problem}; using {loaded.source.name}", file=sys.stderr)
         if loaded.state.phase not in ("done", "failed"):
-            print(f"resuming job {job} at step {loaded.state.step}", file=sys.stderr)
+            print(f"resuming job {job} from its newest checkpoint", file=sys.stderr)
+            if loaded.state.phase == "stopped":  # resume: plan again, restore the checkpoint
+                return loaded.state.evolve(phase="recover")
             return loaded.state
     run_id = f"{job}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     return JobState(job=job, recipe_path=str(recipe_path), phase="plan", run_id=run_id)
@@ -168,6 +172,7 @@ def _driver(args, recipe, catalog, provisioner, store, events, state, views_for)
         ),
         state=state,
         on_step=on_step,
+        stop_requested=(store.folder / STOP_FILE).exists,
     )
 
 

@@ -39,9 +39,10 @@ class Phase(str, enum.Enum):
     RECOVER = "recover"
     DONE = "done"
     FAILED = "failed"
+    STOPPED = "stopped"  # by the user (``stop``): checkpointed, nodes released; submit resumes it
 
 
-TERMINAL = (Phase.DONE, Phase.FAILED)
+TERMINAL = (Phase.DONE, Phase.FAILED, Phase.STOPPED)
 
 
 class WorkersLost(Exception):
@@ -143,10 +144,11 @@ class Driver:
         state: JobState,
         clock: Callable[[], float] = time.monotonic,
         on_step: Callable[[JobState, StepResult], None] | None = None,
+        stop_requested: Callable[[], bool] = lambda: False,
     ) -> None:
         self.store, self.events, self.plans = store, events, plans
         self.cloud, self.trainer, self.config = cloud, trainer, config
-        self.clock, self.on_step = clock, on_step
+        self.clock, self.on_step, self.stop_requested = clock, on_step, stop_requested
         self.state = state
         self.session = _Session()
         self.handlers = {
@@ -268,6 +270,11 @@ class Driver:
             self._commit(result)
             if self._over_budget():
                 return Phase.DONE
+            if self.stop_requested():
+                self._checkpoint("a stop request")
+                self._finish()
+                self._log("stopped", "released every node", "asked to stop")
+                return Phase.STOPPED
         self._checkpoint("the last step")
         self._finish()
         return Phase.DONE

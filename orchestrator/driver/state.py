@@ -30,6 +30,8 @@ class JobState:
     phase: str
     run_id: str = ""  # names this submission's checkpoints (a job submitted again starts afresh)
     step: int = 0  # steps committed: the next step to train
+    steps_total: int = 0  # the recipe's steps
+    global_batch_size: int = 0  # samples per step
     plan: dict | None = None  # the plan format (orchestrator/plan.py: Plan.to_dict)
     checkpoint_step: int | None = None  # the newest complete checkpoint, if any
     compute_usd: float = 0.0

@@ -64,6 +64,9 @@ def test_a_preempted_job_recovers_and_matches_the_single_process_losses(tmp_path
         assert kind in kinds, kinds
     assert all(e["details"]["recovery_s"] > 0 for e in events if e["event"] == "recovered")
     assert "recovered in" in out and "final loss" in out
+    assert main(["status", "tiny-chaos", "--jobs-dir", str(jobs), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["jobs"]
+    assert row["phase"] == "done" and row["step"] == "40/40" and row["samples_per_s"] > 0
 
     config = TrainConfig(
         steps=40,

@@ -163,13 +163,6 @@ def test_user_errors_exit_2(capsys, args, fragment):
     assert fragment in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("command", ["status"])
-def test_pending_commands_say_what_they_will_do(capsys, command):
-    assert main([command, "recipes/quickstart.yaml"]) == 3
-    err = capsys.readouterr().err
-    assert "not built yet" in err and "It will" in err
-
-
 def _all_parsers(parser):
     yield parser
     for action in parser._actions:

@@ -271,3 +271,17 @@ def test_recovery_keeps_the_surviving_nodes_and_launches_only_what_is_missing(tm
     ]
     assert [e["reason"] for e in launched] == ["2 new nodes", "1 new nodes, 1 kept"]
     assert cloud.alive_nodes == {}
+
+
+def test_a_stop_request_checkpoints_releases_and_a_new_driver_resumes(tmp_path):
+    cloud = FakeCloud({US: 2, EU: 2})
+    trainer = FakeTrainer(cloud)
+    driver = make_driver(tmp_path, cloud, trainer)
+    driver.stop_requested = lambda: driver.state.step >= 7
+    state = driver.run()
+    assert state.phase == "stopped" and state.step == 7 and state.checkpoint_step == 7
+    assert cloud.alive_nodes == {} and names(tmp_path)[-1] == "stopped"
+    resumed = make_driver(tmp_path, cloud, FakeTrainer(cloud))
+    resumed.state = resumed.state.evolve(phase="recover")  # what submit does for a stopped job
+    final = resumed.run()
+    assert final.phase == "done" and list(final.losses) == [1.0 / (k + 1) for k in range(20)]
