@@ -6,8 +6,9 @@ newest checkpoint. Its state and event log live in ``--jobs-dir/<job>/``; submit
 job did not finish picks it up where its state says. A progress line shows step, loss, samples/s
 and $ spent; a summary ends the run.
 
-``--preempt-at STEP`` (repeatable) makes the market take one of the job's nodes back when that step
-is committed: a preemption notice, then the node's death ``--notice-s`` market seconds later.
+``--preempt-at STEP`` (repeatable; added to the recipe's ``local_cloud.preempt_at_steps``) makes the
+market take one of the job's nodes back when that step is committed: a preemption notice, then the
+node's death ``--notice-s`` market seconds later.
 """
 
 from __future__ import annotations
@@ -41,7 +42,12 @@ def add_submit(commands: argparse._SubParsersAction, formatter: type) -> None:
     p.add_argument("recipe", type=Path, help="the recipe (YAML)")
     p.add_argument("--jobs-dir", type=Path, default=JOBS_DIR, help="where job state lives")
     p.add_argument("--preempt-at", type=int, action="append", default=[], metavar="STEP")
-    p.add_argument("--notice-s", type=float, default=2.0, help="market seconds of notice")
+    p.add_argument(
+        "--notice-s",
+        type=float,
+        default=None,
+        help="market seconds of notice [the recipe's local_cloud.notice_s]",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(run=run_submit)
 
@@ -72,7 +78,8 @@ def run_submit(args: argparse.Namespace, catalog: Catalog) -> int:
     from orchestrator.simulator import views_for
     from provisioners.local.provisioner import LocalProvisioner
 
-    provisioner = LocalProvisioner(seed=recipe.training.seed, notice_s=args.notice_s)
+    notice_s = args.notice_s if args.notice_s is not None else recipe.local_cloud.notice_s
+    provisioner = LocalProvisioner(seed=recipe.training.seed, notice_s=notice_s)
     try:
         import ray
 
@@ -149,7 +156,7 @@ def _driver(args, recipe, catalog, provisioner, store, events, state, views_for)
         network=network,
     )
     progress = _Progress(recipe.training.steps, quiet=args.quiet)
-    schedule = sorted(set(args.preempt_at))
+    schedule = sorted({*args.preempt_at, *recipe.local_cloud.preempt_at_steps})
 
     def on_step(current: JobState, result: StepResult) -> None:
         progress.show(current, result)

@@ -66,6 +66,7 @@ def check_recipe(recipe: Recipe, doc: YamlDoc, catalog: Catalog, folder: Path) -
     _check_parallelism(checker, spec)
     _check_checkpointing(checker)
     _check_runtime(checker)
+    _check_local_cloud(checker)
     if checker.errors:
         first, *rest = checker.errors
         raise RecipeError(
@@ -491,3 +492,23 @@ def _check_runtime(c: Checker) -> None:
             "compression applies to the cross-region hop of a hierarchical all-reduce",
             "write allreduce: hierarchical (or auto), or compression: none",
         )
+
+
+def _check_local_cloud(c: Checker) -> None:
+    local, path = c.recipe.local_cloud, ("local_cloud",)
+    steps = c.recipe.training.steps
+    if local.preempt_at_steps and c.recipe.provider != "local":
+        c.error(
+            path,
+            f"applies to the local simulated cloud, not provider {c.recipe.provider}",
+            "remove local_cloud, or write provider: local",
+        )
+    bad = [k for k in local.preempt_at_steps if not 1 <= k < steps]
+    if bad:
+        c.error(
+            path + ("preempt_at_steps",),
+            f"steps {bad} are outside 1..{steps - 1} (training.steps is {steps})",
+            "list steps the job will reach, e.g. [60]",
+        )
+    if local.notice_s <= 0:
+        c.error(path + ("notice_s",), f"must be > 0, got {local.notice_s}", "write e.g. 2.0")

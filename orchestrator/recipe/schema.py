@@ -137,6 +137,17 @@ class RuntimeConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LocalCloudConfig:
+    preempt_at_steps: tuple[int, ...] = _help(
+        "steps after which the simulated market takes one of the job's nodes back, e.g. [60]",
+        default=(),
+    )
+    notice_s: float = _help(
+        "market seconds between a preemption notice and the node's death (> 0)", default=2.0
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Recipe:
     name: str | None = _help("a short name for the job; default: the file name", default=None)
     provider: Literal["local", "skypilot", "aws", "gcp", "azure"] = _help(
@@ -163,4 +174,7 @@ class Recipe:
     )
     runtime: RuntimeConfig = _help(
         "allreduce, compression, streams, link_emulation", default_factory=RuntimeConfig
+    )
+    local_cloud: LocalCloudConfig = _help(
+        "preempt_at_steps, notice_s (provider: local only)", default_factory=LocalCloudConfig
     )

@@ -15,6 +15,27 @@ TRAINING = "training:\n  global_batch_size: 16\n  steps: 10\n"
 # (id, recipe text, field named, line named, fragment of the message)
 CASES = [
     (
+        "preemption-after-the-last-step",
+        MODEL + TRAINING + "local_cloud:\n  preempt_at_steps: [3, 10]\n",
+        "local_cloud.preempt_at_steps",
+        7,
+        "outside 1..9",
+    ),
+    (
+        "preemptions-on-a-real-cloud",
+        "provider: aws\n" + MODEL + TRAINING + "local_cloud:\n  preempt_at_steps: [3]\n",
+        "local_cloud",
+        7,
+        "applies to the local simulated cloud",
+    ),
+    (
+        "notice-not-positive",
+        MODEL + TRAINING + "local_cloud:\n  notice_s: 0\n",
+        "local_cloud.notice_s",
+        7,
+        "must be > 0",
+    ),
+    (
         "unknown-top-level-key",
         MODEL + TRAINING + "objectve:\n  goal: min_cost\n",
         "objectve",
