@@ -6,3 +6,15 @@ SDK, and neither Ray nor torch until a command needs them.
 """
 
 __version__ = "0.1.0"
+
+_API = ("submit", "job", "Job")
+
+
+def __getattr__(name: str):
+    """``orchestrator.submit`` / ``job`` / ``Job`` (api.py), imported on first use so that
+    ``import orchestrator`` stays cheap."""
+    if name in _API:
+        from orchestrator import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'orchestrator' has no attribute {name!r}")

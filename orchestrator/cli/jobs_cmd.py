@@ -16,11 +16,9 @@ from pathlib import Path
 from orchestrator.catalog import Catalog
 from orchestrator.cli.output import format_table, print_json
 from orchestrator.driver.events import read_events
+from orchestrator.driver.job import JOBS_DIR, STOP_FILE
 from orchestrator.driver.state import JobState, StateStore
 from orchestrator.errors import UserError
-
-STOP_FILE = "stop.request"
-JOBS_DIR = Path(".orchestrator/jobs")
 
 
 def add_jobs(commands: argparse._SubParsersAction, formatter: type) -> None:
@@ -59,13 +57,13 @@ def run_status(args: argparse.Namespace, catalog: Catalog) -> int:
     folders = [args.jobs_dir / args.job] if args.job else sorted(args.jobs_dir.glob("*/"))
     states = [_load(folder) for folder in folders if StateStore(folder).exists() or args.job]
     if args.json:
-        print_json({"jobs": [_row_dict(s) for s in states]})
+        print_json({"jobs": [status_row(s) for s in states]})
         return 0
     if not states:
         print(f"no jobs in {args.jobs_dir} (python -m orchestrator submit RECIPE starts one)")
         return 0
     header = ("job", "phase", "step", "loss", "samples_per_s", "usd_spent", "recoveries", "nodes")
-    rows = [tuple(_row_dict(s)[k] for k in _KEYS) for s in states]
+    rows = [tuple(status_row(s)[k] for k in _KEYS) for s in states]
     print(format_table(header, rows))
     return 0
 
@@ -73,7 +71,7 @@ def run_status(args: argparse.Namespace, catalog: Catalog) -> int:
 _KEYS = ("job", "phase", "step", "loss", "samples_per_s", "usd_spent", "recoveries", "nodes")
 
 
-def _row_dict(state: JobState) -> dict:
+def status_row(state: JobState) -> dict:
     rate = state.trained_steps * state.global_batch_size / state.train_s if state.train_s else None
     return {
         "job": state.job,

@@ -67,6 +67,10 @@ def test_a_preempted_job_recovers_and_matches_the_single_process_losses(tmp_path
     assert main(["status", "tiny-chaos", "--jobs-dir", str(jobs), "--json"]) == 0
     (row,) = json.loads(capsys.readouterr().out)["jobs"]
     assert row["phase"] == "done" and row["step"] == "40/40" and row["samples_per_s"] > 0
+    import orchestrator
+
+    metrics = orchestrator.job("tiny-chaos", jobs_dir=jobs).metrics()
+    assert len(metrics) >= 40 and metrics["step"].iloc[-1] == 40  # replayed steps included
 
     config = TrainConfig(
         steps=40,

@@ -1,0 +1,149 @@
+"""The notebook API: submit a recipe and follow its job as pandas DataFrames.
+
+    import orchestrator
+    job = orchestrator.submit("recipes/quickstart.yaml")        # wait=False: trains in a thread
+    job.status()     # one row: phase, step, loss, samples/s, $ spent, recoveries, nodes
+    job.events()     # the event log: time, event, decision, reason, details
+    job.metrics()    # per committed step: time, step, loss, samples/s, $ spent, egress, nodes
+    job.plot()       # throughput and spend over time, preemptions marked
+    orchestrator.job("quickstart")   # a handle on a job submitted earlier (CLI or notebook)
+
+Everything is read from the job's folder (orchestrator/driver/job.py), so a handle works while the
+job runs, after it ended, and from another process.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+from orchestrator.cli.jobs_cmd import status_row
+from orchestrator.driver.events import read_events
+from orchestrator.driver.job import JOBS_DIR, METRICS_FILE, STOP_FILE, RunOptions, run_job
+from orchestrator.driver.state import JobState, StateStore
+from orchestrator.errors import UserError
+
+
+class Job:
+    """A handle on one job's folder."""
+
+    def __init__(self, name: str, *, jobs_dir: Path = JOBS_DIR) -> None:
+        self.name, self.folder = name, Path(jobs_dir) / name
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def __repr__(self) -> str:
+        state = self.state()
+        where = f"step {state.step}/{state.steps_total}" if state else "not started"
+        return f"Job({self.name!r}: {state.phase if state else 'pending'}, {where})"
+
+    def state(self) -> JobState | None:
+        store = StateStore(self.folder)
+        return store.load().state if store.exists() else None
+
+    def status(self):
+        import pandas as pd
+
+        state = self.state()
+        return pd.DataFrame([status_row(state)] if state else [])
+
+    def events(self):
+        import pandas as pd
+
+        frame = pd.DataFrame(list(read_events(self.folder / "events.jsonl")))
+        if not frame.empty:
+            frame["time"] = pd.to_datetime(frame["time_s"], unit="s", utc=True)
+        return frame
+
+    def metrics(self):
+        import pandas as pd
+
+        path = self.folder / METRICS_FILE
+        rows = [json.loads(line) for line in path.open()] if path.exists() else []
+        frame = pd.DataFrame(rows)
+        if not frame.empty:
+            frame["time"] = pd.to_datetime(frame["time_s"], unit="s", utc=True)
+        return frame
+
+    def plot(self, path: str | Path | None = None):
+        """Samples/s and dollars spent over time, each lost node marked; saved to ``path`` if
+        given. Returns the matplotlib figure."""
+        import matplotlib
+
+        if path is not None:
+            matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        metrics, events = self.metrics(), self.events()
+        figure, (rate, spend) = plt.subplots(2, 1, sharex=True, figsize=(8, 5))
+        if not metrics.empty:
+            seconds = metrics["time_s"] - metrics["time_s"].iloc[0]
+            rate.plot(seconds, metrics["samples_per_s"], lw=1)
+            spend.plot(seconds, metrics["usd_spent"], lw=1)
+            lost = events[events["event"] == "node_lost"] if not events.empty else events
+            for when in lost.get("time_s", []):
+                for axis in (rate, spend):
+                    axis.axvline(when - metrics["time_s"].iloc[0], color="red", ls="--", lw=0.8)
+        rate.set_ylabel("samples/s")
+        spend.set_ylabel("$ spent")
+        spend.set_xlabel("seconds since the first step (red: a node lost)")
+        rate.set_title(f"job {self.name}")
+        figure.tight_layout()
+        if path is not None:
+            figure.savefig(path)
+        return figure
+
+    def stop(self) -> None:
+        """Ask the driver to checkpoint after its current step and free its nodes."""
+        self.folder.mkdir(parents=True, exist_ok=True)
+        (self.folder / STOP_FILE).write_text("stop\n")
+
+    def wait(self, timeout_s: float | None = None) -> JobState | None:
+        """Wait for a job submitted with ``wait=False``; re-raise what stopped it."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        if self._error is not None:
+            raise self._error
+        return self.state()
+
+
+def submit(
+    recipe: str | Path,
+    *,
+    jobs_dir: str | Path = JOBS_DIR,
+    wait: bool = True,
+    preempt_at: tuple[int, ...] = (),
+) -> Job:
+    """Run ``recipe`` on the local simulated cloud (as ``python -m orchestrator submit``)."""
+    from orchestrator.catalog import default_catalog
+    from orchestrator.recipe import load_recipe
+
+    catalog, path = default_catalog(), Path(recipe)
+    loaded = load_recipe(path, catalog=catalog)
+    handle = Job(loaded.name or path.stem, jobs_dir=Path(jobs_dir))
+    options = RunOptions(jobs_dir=Path(jobs_dir), preempt_at=tuple(preempt_at))
+    if wait:
+        run_job(path, catalog, options)
+        return handle
+
+    def run() -> None:
+        try:
+            run_job(path, catalog, options)
+        except (UserError, RuntimeError, OSError) as error:  # kept for wait() to raise
+            handle._error = error
+
+    handle._thread = threading.Thread(target=run, name=f"job-{handle.name}", daemon=True)
+    handle._thread.start()
+    return handle
+
+
+def job(name: str, *, jobs_dir: str | Path = JOBS_DIR) -> Job:
+    """A handle on a job submitted earlier."""
+    handle = Job(name, jobs_dir=Path(jobs_dir))
+    if not StateStore(handle.folder).exists():
+        raise UserError(
+            f"no job {name!r} in {jobs_dir}",
+            fix="orchestrator.submit(recipe) starts one; python -m orchestrator status lists them",
+        )
+    return handle

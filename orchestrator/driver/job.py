@@ -1,0 +1,209 @@
+"""Run one job of a recipe on the local simulated cloud: the driver (machine.py) with its real
+collaborators (world.py), its folder (state, events, per-step metrics), and the seeded chaos of the
+recipe's ``local_cloud`` section. Used by ``python -m orchestrator submit`` and the notebook API.
+
+A job's folder, ``<jobs_dir>/<job>/``: ``state.json`` (state.py), ``events.jsonl`` (events.py),
+``metrics.jsonl`` (one line per committed step: time, step, loss, samples/s over the step, dollars
+spent, egress bytes, nodes held), ``profile-<model>.json`` (the model timed on this machine) and
+``stop.request`` while a stop is asked for.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.catalog import Catalog
+from orchestrator.driver.events import EventLog
+from orchestrator.driver.machine import Choice, Driver, DriverConfig, StepResult
+from orchestrator.driver.state import JobState, StateStore
+from orchestrator.errors import UserError
+from orchestrator.recipe import load_recipe
+from orchestrator.recipe.schema import Recipe
+
+JOBS_DIR = Path(".orchestrator/jobs")
+STOP_FILE = "stop.request"
+METRICS_FILE = "metrics.jsonl"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunOptions:
+    jobs_dir: Path = JOBS_DIR
+    preempt_at: tuple[int, ...] = ()  # added to the recipe's local_cloud.preempt_at_steps
+    notice_s: float | None = None  # None: the recipe's local_cloud.notice_s
+    on_step: Callable[[JobState, StepResult], None] | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    state: JobState
+    folder: Path
+    elapsed_s: float
+    choice: Choice | None  # the plan it ended on
+
+
+def job_folder(recipe: Recipe, recipe_path: Path, jobs_dir: Path) -> Path:
+    return jobs_dir / (recipe.name or recipe_path.stem)
+
+
+def run_job(recipe_path: Path, catalog: Catalog, options: RunOptions) -> RunResult:
+    """Run (or resume) the job of ``recipe_path`` to its end; raise UserError for bad input."""
+    recipe = load_recipe(recipe_path, catalog=catalog)
+    if recipe.provider != "local":
+        raise UserError(
+            f"submit runs on the local simulated cloud in this version, not {recipe.provider}",
+            file=str(recipe_path),
+            field="provider",
+            fix="write provider: local (plan and simulate work for every provider)",
+        )
+    folder = job_folder(recipe, recipe_path, options.jobs_dir)
+    recipe = _measured_here(recipe, folder)
+    (folder / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier run
+    if recipe.training.optimizer.grad_clip_norm is not None:
+        print(
+            "note: the runtime does not clip gradients yet: training runs without "
+            f"grad_clip_norm {recipe.training.optimizer.grad_clip_norm} (write null to silence this)",
+            file=sys.stderr,
+        )
+    store = StateStore(folder)
+    state = _state(store, folder.name, recipe_path).evolve(
+        steps_total=recipe.training.steps, global_batch_size=recipe.training.global_batch_size
+    )
+    from provisioners.local.provisioner import LocalProvisioner
+
+    notice_s = options.notice_s if options.notice_s is not None else recipe.local_cloud.notice_s
+    provisioner = LocalProvisioner(seed=recipe.training.seed, notice_s=notice_s)
+    started = time.monotonic()
+    try:
+        import ray
+
+        ray.init(address=provisioner.address, log_to_driver=False)
+        driver = _driver(recipe, catalog, provisioner, store, state, options)
+        final = driver.run()
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+        provisioner.close()
+    return RunResult(final, folder, time.monotonic() - started, driver.session.choice)
+
+
+def _measured_here(recipe: Recipe, folder: Path) -> Recipe:
+    """On the local cloud a worker is a CPU slot standing in for a T4: with ``profile: auto``,
+    time the model on this machine once (runtime/profiler.py; kept in the job's folder) so the
+    plan's predictions are about this machine rather than a real T4."""
+    from runtime.models.specs import model_spec
+
+    spec = model_spec(recipe.model.name)
+    if recipe.model.profile != "auto" or spec.family != "gpt":
+        return recipe
+    path = (folder / f"profile-{spec.name}.json").resolve()
+    if not path.exists():
+        from orchestrator.cli.profile_cmd import measured_profile
+        from orchestrator.profiles.profile import profile_to_json
+        from runtime.profiler import ProfilerConfig, profile_gpt
+
+        config = ProfilerConfig(
+            microbatch_sizes=recipe.training.microbatch_sizes,
+            optimizer=recipe.training.optimizer.name,
+            seed=recipe.training.seed,
+        )
+        measured = measured_profile(
+            profile_gpt(spec, config), gpu="T4", precision=recipe.training.precision
+        )
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(profile_to_json(measured, "T4"), indent=1))
+        print(f"profiled {spec.name} on this machine: {path}", file=sys.stderr)
+    return dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, profile=str(path)))
+
+
+def _state(store: StateStore, job: str, recipe_path: Path) -> JobState:
+    if store.exists():
+        loaded = store.load()
+        for problem in loaded.problems:
+            print(f"note: job state {problem}; using {loaded.source.name}", file=sys.stderr)
+        if loaded.state.phase not in ("done", "failed"):
+            print(f"resuming job {job} from its newest checkpoint", file=sys.stderr)
+            if loaded.state.phase == "stopped":  # resume: plan again, restore the checkpoint
+                return loaded.state.evolve(phase="recover")
+            return loaded.state
+    run_id = f"{job}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
+    return JobState(job=job, recipe_path=str(recipe_path), phase="plan", run_id=run_id)
+
+
+def _driver(recipe, catalog, provisioner, store, state, options: RunOptions) -> Driver:
+    from orchestrator.driver.world import (
+        MarketPlans,
+        ProvisionerCloud,
+        RuntimeTrainer,
+        checkpoint_url,
+    )
+    from orchestrator.simulator import views_for
+
+    network = None
+    if recipe.runtime.link_emulation:
+        network = views_for(catalog, catalog.market("local"))[0]
+    trainer = RuntimeTrainer(
+        recipe=recipe,
+        catalog=catalog,
+        job=state.run_id or state.job,
+        checkpoint_url=checkpoint_url(recipe),
+        network=network,
+    )
+    schedule = sorted({*options.preempt_at, *recipe.local_cloud.preempt_at_steps})
+    metrics = _Metrics(store.folder / METRICS_FILE, recipe.training.global_batch_size)
+
+    def on_step(current: JobState, result: StepResult) -> None:
+        metrics.record(current, result)
+        if options.on_step is not None:
+            options.on_step(current, result)
+        if schedule and current.step >= schedule[0]:
+            schedule.pop(0)
+            nodes = sorted(current.nodes)
+            if nodes:  # the seeded chaos: always the first node of the current gang
+                provisioner.preempt_now(nodes[0])
+
+    return Driver(
+        store=store,
+        events=EventLog(store.folder / "events.jsonl"),
+        plans=MarketPlans(recipe, catalog, provisioner),
+        cloud=ProvisionerCloud(provisioner),
+        trainer=trainer,
+        config=DriverConfig(
+            steps=recipe.training.steps,
+            checkpoint_every_steps=recipe.checkpointing.every_steps,
+            budget_usd=recipe.objective.budget_usd,
+        ),
+        state=state,
+        on_step=on_step,
+        stop_requested=(store.folder / STOP_FILE).exists,
+    )
+
+
+class _Metrics:
+    """Appends one JSON line per committed step to the job's metrics.jsonl."""
+
+    def __init__(self, path: Path, batch: int) -> None:
+        self.path, self.batch = path, batch
+        self.last: tuple[float, float] | None = None  # (time, train_s) at the previous step
+
+    def record(self, state: JobState, result: StepResult) -> None:
+        now = time.time()
+        took = state.train_s - self.last[1] if self.last else 0.0
+        self.last = (now, state.train_s)
+        line = {
+            "time_s": now,
+            "step": state.step,
+            "loss": result.loss,
+            "samples_per_s": self.batch / took if took > 0 else None,
+            "usd_spent": state.compute_usd + state.egress_usd,
+            "egress_bytes": state.egress_bytes,
+            "nodes": len(state.nodes),
+            "recoveries": state.recoveries,
+        }
+        with self.path.open("a", encoding="utf-8") as handle:
+            handle.write(json.dumps(line) + "\n")
