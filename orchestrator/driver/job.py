@@ -156,9 +156,13 @@ def _driver(recipe, catalog, provisioner, store, state, options: RunOptions) -> 
     )
     schedule = sorted({*options.preempt_at, *recipe.local_cloud.preempt_at_steps})
     metrics = _Metrics(store.folder / METRICS_FILE, recipe.training.global_batch_size)
+    gauges = DashboardMetrics(state.job)
 
     def on_step(current: JobState, result: StepResult) -> None:
-        metrics.record(current, result)
+        row = metrics.record(current, result)
+        gauges.update(
+            row, usd_per_hour=sum(r.usd_per_node_hour for r in driver.session.nodes.values())
+        )
         if options.on_step is not None:
             options.on_step(current, result)
         if schedule and current.step >= schedule[0]:
@@ -167,7 +171,7 @@ def _driver(recipe, catalog, provisioner, store, state, options: RunOptions) -> 
             if nodes:  # the seeded chaos: always the first node of the current gang
                 provisioner.preempt_now(nodes[0])
 
-    return Driver(
+    driver = Driver(
         store=store,
         events=EventLog(store.folder / "events.jsonl"),
         plans=MarketPlans(recipe, catalog, provisioner),
@@ -182,6 +186,7 @@ def _driver(recipe, catalog, provisioner, store, state, options: RunOptions) -> 
         on_step=on_step,
         stop_requested=(store.folder / STOP_FILE).exists,
     )
+    return driver
 
 
 class _Metrics:
@@ -191,7 +196,7 @@ class _Metrics:
         self.path, self.batch = path, batch
         self.last: tuple[float, float] | None = None  # (time, train_s) at the previous step
 
-    def record(self, state: JobState, result: StepResult) -> None:
+    def record(self, state: JobState, result: StepResult) -> dict:
         now = time.time()
         took = state.train_s - self.last[1] if self.last else 0.0
         self.last = (now, state.train_s)
@@ -207,3 +212,41 @@ class _Metrics:
         }
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(line) + "\n")
+        return line
+
+
+class DashboardMetrics:
+    """The job's figures as Ray metrics (``ray.util.metrics``), so they show on the Ray dashboard
+    and its Prometheus endpoint, tagged with the job's name. ``gauge`` makes one gauge (Ray's by
+    default; tests give a fake)."""
+
+    NAMES = {
+        "samples_per_s": "samples per second over the last step",
+        "loss": "training loss of the last step",
+        "usd_spent": "dollars spent: compute + egress",
+        "usd_per_hour": "dollars per hour of the nodes held",
+        "egress_gb": "gigabytes sent across zone, region or cloud boundaries",
+        "recoveries": "recoveries from lost nodes",
+        "nodes": "nodes held",
+    }
+
+    def __init__(self, job: str, *, gauge: Callable | None = None) -> None:
+        if gauge is None:
+            from ray.util.metrics import Gauge as gauge
+        self.tags = {"job": job}
+        self.gauges = {
+            name: gauge(f"geo_orchestrator_{name}", description=text, tag_keys=("job",))
+            for name, text in self.NAMES.items()
+        }
+
+    def update(self, row: dict, *, usd_per_hour: float) -> None:
+        values = {
+            **{
+                k: row.get(k) for k in ("samples_per_s", "loss", "usd_spent", "recoveries", "nodes")
+            },
+            "usd_per_hour": usd_per_hour,
+            "egress_gb": row["egress_bytes"] / 1e9,
+        }
+        for name, value in values.items():
+            if value is not None:
+                self.gauges[name].set(value, tags=self.tags)

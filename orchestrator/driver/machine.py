@@ -258,16 +258,18 @@ class Driver:
 
     def _train(self) -> Phase:
         self.session.step_from_s = self.clock()
+        try:
+            return self._train_steps()
+        except WorkersLost as lost:  # in a step, or in a checkpoint taken between steps
+            # the cloud's event names the node; without one, the runtime's error is the reason
+            return self._react(self.cloud.poll_events(timeout_s=0.0)) or self._lost(str(lost))
+
+    def _train_steps(self) -> Phase:
         while self.state.step < self.config.steps:
             phase = self._react(self.cloud.poll_events(timeout_s=0.0))
             if phase is not None:
                 return phase
-            try:
-                result = self.trainer.step(self.state.step)
-            except WorkersLost as lost:
-                # the cloud's event names the node; without one, the runtime's error is the reason
-                return self._react(self.cloud.poll_events(timeout_s=0.0)) or self._lost(str(lost))
-            self._commit(result)
+            self._commit(self.trainer.step(self.state.step))
             if self._over_budget():
                 return Phase.DONE
             if self.stop_requested():

@@ -248,11 +248,20 @@ class RuntimeTrainer:
         return {"egress_bytes": moved, "egress_usd": usd}
 
     def checkpoint(self, step: int) -> None:
+        import ray
+
         if step < 1:
             return
-        self.group.checkpoint(
-            self.checkpoint_url, self.job, step - 1, keep_last=self.recipe.checkpointing.keep_last
-        )
+        try:
+            self.group.checkpoint(
+                self.checkpoint_url,
+                self.job,
+                step - 1,
+                keep_last=self.recipe.checkpointing.keep_last,
+            )
+        except ray.exceptions.RayError as error:  # a worker died while copying its state
+            self._healthy = False
+            raise WorkersLost(f"checkpoint of step {step}: {type(error).__name__}") from None
 
     def stop(self) -> None:
         import ray

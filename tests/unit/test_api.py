@@ -44,3 +44,33 @@ def test_a_handle_gives_dataframes_and_a_plot(tmp_path):
 def test_an_unknown_job_is_a_user_error(tmp_path):
     with pytest.raises(UserError, match="no job 'nope'"):
         orchestrator.job("nope", jobs_dir=tmp_path)
+
+
+def test_dashboard_metrics_are_set_per_step_with_the_job_tag():
+    from orchestrator.driver.job import DashboardMetrics
+
+    made = {}
+
+    class FakeGauge:
+        def __init__(self, name, *, description, tag_keys):
+            assert description and tag_keys == ("job",)
+            self.values = []
+            made[name] = self
+
+        def set(self, value, *, tags):
+            self.values.append((value, tags))
+
+    metrics = DashboardMetrics("alpha", gauge=FakeGauge)
+    row = {
+        "samples_per_s": 30.0,
+        "loss": 2.5,
+        "usd_spent": 0.01,
+        "recoveries": 1,
+        "nodes": 2,
+        "egress_bytes": 2e9,
+    }
+    metrics.update(row, usd_per_hour=0.72)
+    assert made["geo_orchestrator_egress_gb"].values == [(2.0, {"job": "alpha"})]
+    assert made["geo_orchestrator_usd_per_hour"].values == [(0.72, {"job": "alpha"})]
+    metrics.update({**row, "samples_per_s": None}, usd_per_hour=0.72)  # a step without a rate
+    assert len(made["geo_orchestrator_samples_per_s"].values) == 1

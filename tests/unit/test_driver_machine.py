@@ -285,3 +285,21 @@ def test_a_stop_request_checkpoints_releases_and_a_new_driver_resumes(tmp_path):
     resumed.state = resumed.state.evolve(phase="recover")  # what submit does for a stopped job
     final = resumed.run()
     assert final.phase == "done" and list(final.losses) == [1.0 / (k + 1) for k in range(20)]
+
+
+def test_a_node_lost_while_checkpointing_is_a_recovery_too(tmp_path):
+    cloud = FakeCloud({US: 3, EU: 2})
+
+    class DiesInCheckpoint(FakeTrainer):
+        def checkpoint(self, step: int) -> None:
+            if step == 10 and not self.corrupt:
+                self.corrupt.add(-1)  # only once
+                cloud.kill(self.nodes[0])
+                raise WorkersLost("a worker died while copying its state")
+            super().checkpoint(step)
+
+    trainer = DiesInCheckpoint(cloud)
+    state = make_driver(tmp_path, cloud, trainer).run()
+    assert state.phase == "done" and state.recoveries == 1
+    assert trainer.starts == [None, 5]  # back to the checkpoint before the failed one
+    assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]
