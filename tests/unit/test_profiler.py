@@ -127,6 +127,7 @@ def test_json_output_lists_every_layer_at_every_size(tmp_path, capsys):
                 "provider: local": "provider: gcp",
                 "locations:\n    - local/sim-us/sim-us-a\n    - local/sim-us/sim-us-b\n"
                 "    - local/sim-eu/sim-eu-a": "locations: []",
+                "preempt_at_steps: [60]": "preempt_at_steps: []",  # the local cloud's only
             },
             "several GPU types",
         ),
