@@ -1,6 +1,6 @@
 """Simulator speed: estimates per second on a stream of distinct 4-stage, 8-replica plans.
 
-Usage: python bench/simulator_speed.py [--plans N] [--repeat R]
+Usage: python bench/simulator_speed.py [--plans N] [--repeat R] [--profile TOP]
 
 Plans of OPT-350M (SAILOR's profiles) on A100 and V100 GPUs in four GCP zones, 4 stages x 8
 replicas, two readings for each of two kinds of plan:
@@ -14,11 +14,16 @@ replicas, two readings for each of two kinds of plan:
 Kinds of plan: 8 identical pipelines of one GPU type in one zone; or two kinds of pipeline (GPU type
 and zone) in a random proportion, in half of the plans alternating two zones from stage to stage so
 that activations cross zones.
+
+``--profile TOP``: after the readings (which it does not touch), one more pass over each kind of
+plan stream under cProfile, printing the TOP functions by their own time.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import random
 import statistics
 import sys
@@ -90,6 +95,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--plans", type=int, default=2000)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument(
+        "--profile", type=int, default=0, metavar="TOP", help="then profile each reading"
+    )
     args = parser.parse_args()
     catalog = default_catalog()
 
@@ -129,6 +137,24 @@ def main() -> None:
             readings.setdefault(f"distinct plans, {kind}", []).append(rate(distinct))
     for label, rates in readings.items():
         report(label, rates)
+    if args.profile:
+        profile_readings(args.plans, args.profile, rate)
+
+
+def profile_readings(count: int, top: int, rate) -> None:
+    """One pass of each reading's plans under cProfile; the ``top`` functions by own time."""
+    for mixed in (False, True):
+        template = make_plans(1, seed=99, mixed=mixed)[0]
+        streams = {
+            "same plan": [rebuild(template) for _ in range(count)],
+            "distinct plans": make_plans(count, seed=1000, mixed=mixed),
+        }
+        for label, plans in streams.items():
+            profiler = cProfile.Profile()
+            profiler.runcall(rate, plans)
+            kind = "two kinds of pipeline" if mixed else "one GPU type in one zone"
+            print(f"\n--- {label}, {kind}: {count} estimates under cProfile")
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(top)
 
 
 if __name__ == "__main__":

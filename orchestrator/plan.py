@@ -69,10 +69,11 @@ class Replica:
     )
 
     def __post_init__(self) -> None:
-        # the simulator groups replicas by kind in its inner loop: hash once
-        object.__setattr__(
-            self, "_hash", hash((self.gpu, self.tp, self.infra, self.spot, self.instance_type))
-        )
+        # the simulator groups replicas by kind in its inner loop: hash once, and keep the fields
+        # as a tuple, a key whose hash and comparison cost no Python call (environment.py)
+        key = (self.gpu, self.tp, self.infra, self.spot, self.instance_type)
+        object.__setattr__(self, "_key", key)
+        object.__setattr__(self, "_hash", hash(key))
 
     def __hash__(self) -> int:
         return self._hash
@@ -82,13 +83,7 @@ class Replica:
             return True
         if other.__class__ is not Replica or self._hash != other._hash:
             return False
-        return (
-            self.gpu == other.gpu
-            and self.tp == other.tp
-            and self.infra == other.infra
-            and self.spot == other.spot
-            and self.instance_type == other.instance_type
-        )
+        return self._key == other._key
 
     @property
     def gpus(self) -> int:
@@ -138,7 +133,7 @@ class Plan:
         """Warm-up forwards per stage: the plan's, or standard 1F1B's ``P - s - 1``."""
         if self.pipeline_warmup is not None:
             return self.pipeline_warmup
-        return tuple(self.num_stages - s - 1 for s in range(self.num_stages))
+        return tuple(range(self.num_stages - 1, -1, -1))  # P - s - 1 for each stage s
 
     @_cached
     def num_stages(self) -> int:

@@ -13,12 +13,16 @@ byte sent across a zone, region or cloud boundary at the sender's egress price.
 
 The planner calls this in its inner loop: work is done once per distinct replica of a stage and
 once per distinct pipeline (``Plan.stage_kinds``, ``Plan.pipeline_groups``), only floats are
-computed, and the breakdown people read is built when first asked for.
+computed, and the breakdown people read is built when first asked for. The loops below keep what
+they read in local variables and build no object the result does not need; the order of every
+floating-point sum is part of the result (tests/unit/test_simulator_speed_equivalence.py).
 """
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
+from functools import partial
 
 from orchestrator.plan import Plan
 from orchestrator.profiles.profile import ModelProfile
@@ -32,8 +36,9 @@ from orchestrator.simulator.estimate import (
     ReplicaMemory,
     StageTime,
 )
+from orchestrator.simulator.gather import gatherer
 from orchestrator.simulator.memory import memory_shape, memory_terms, stage_regions
-from orchestrator.simulator.pipeline import PipelineTime, latency_aware_warmup, pipeline_time
+from orchestrator.simulator.pipeline import latency_aware_warmup, runner
 from orchestrator.simulator.settings import SimulatorSettings
 
 SOURCE_RANK = {"measured": 0, "imported": 1, "estimated": 2}
@@ -48,93 +53,111 @@ def simulate(
     settings: SimulatorSettings,
 ) -> Estimate:
     """Predict ``plan`` for the model of ``profile``; raise UserError if the plan cannot run."""
-    mbs, element = plan.microbatch_size, profile.element_bytes
-    scheme = (plan.allreduce, plan.compression) if plan.dp_degree > 1 else None
-    table = _entry_table(profile, settings)
-    # per stage, per kind of replica: one entry (see ``_new_entry``)
-    if scheme is not None and plan.compression != "none":  # memory depends on the regions
-        keys = [(scheme, stage_regions(stage)) for stage in plan.stages]
-    else:
-        keys = [scheme] * plan.num_stages
-    compute = [
-        [
-            table.get((r.gpu, mbs, r.tp, start, end, key))
-            or _new_entry(table, profile, plan, s, r, settings, key)
-            for r, _ in kinds
-        ]
-        for s, ((start, end), kinds, key) in enumerate(
-            zip([stage.layers for stage in plan.stages], plan.stage_kinds, keys, strict=True)
-        )
-    ]
+    compute, stages, memory = _stage_entries(profile, plan, network, settings)
     egress: dict[tuple[str, str], float] = defaultdict(float)  # bytes per iteration
-    pipelines = [
-        _pipeline(profile, plan, i, compute, network, egress, count)
-        for i, count in plan.pipeline_groups
-    ]
-    # per stage: forward, backward, update, send, sync, exposed sync, finish, tied-weight wait
-    rows: list[tuple] = []
-    last = plan.num_stages - 1
-    overlap, bucket = settings.overlap_grad_sync, settings.bucket_bytes
-    micro = plan.microbatches()
-    # Erben et al.'s granularity terms: seconds computing and seconds communicating per iteration on
-    # the busiest GPU, counted without overlap (its stage's work; its all-reduce and its transfers)
-    most, busy_s, talk_s, received = max(micro), 0.0, 0.0, 0.0
-    warmup, peak, oom, gpus = plan.warmup, 0.0, False, set()
-    for s, entries in enumerate(compute):
-        gradient = entries[0][4]
-        sync = _sync(plan, s, gradient, element, network, egress)
-        forward = backward = update = 0.0
+    pipelines = _pipelines(profile, plan, compute, network, egress)
+    rows, terms = _stage_rows(plan, stages, pipelines, egress, settings)
+    if profile.tied_elements and len(rows) > 1:
+        _tied_exchange(profile, plan, rows, pipelines, egress)
+    return _estimate(profile, plan, prices, settings, rows, pipelines, egress, terms, memory)
+
+
+def _stage_entries(
+    profile: ModelProfile, plan: Plan, network: NetworkView, settings: SimulatorSettings
+) -> tuple[list[list[tuple]], list[tuple], tuple[float, bool, frozenset]]:
+    """Per stage, per kind of replica (``Plan.stage_kinds``): its entry (see ``_new_entry``); per
+    stage, its slowest forward, backward and update seconds, its gradient's bytes and the
+    coefficients of its all-reduce (``_sync_coefficients``; None without one); and the memory peak
+    of any GPU, whether any runs out, and the GPUs used."""
+    mbs, element = plan.microbatch_size, profile.element_bytes
+    synced = plan.dp_degree > 1
+    scheme = (plan.allreduce, plan.compression) if synced else None
+    by_regions = synced and plan.compression != "none"  # memory depends on the regions
+    table = _profile_cache(profile, "entries", settings)  # memory depends on the settings
+    # an all-reduce depends on these and on its group's kinds of replica and their counts, keyed
+    # by their fields (``Replica._key``: plain tuples, hashed without calling Python code)
+    common = (plan.allreduce, plan.compression, element, plan.streams)
+    sync_cache = network.sync_cache
+    most, warmup = max(plan.microbatches()), plan.warmup
+    compute, stages, peak, oom, gpus = [], [], 0.0, False, set()
+    stage_kinds = plan.stage_kinds
+    for s, stage in enumerate(plan.stages):
+        kinds = stage_kinds[s]
+        start, end = stage.layers
+        key = (scheme, stage_regions(stage)) if by_regions else scheme
         # a stage holds its warm-up + 1 microbatches, at most as many as its pipeline runs
         flights = warmup[s] + 1 if warmup[s] + 1 < most else most
-        for t in entries:
-            forward = t[0] if t[0] > forward else forward
-            backward = t[1] if t[1] > backward else backward
-            update = t[2] if t[2] > update else update
-            held = t[6] * flights
-            total = t[5] + (held if held > t[9] else t[9])
+        entries, group, forward, backward, update = [], [common], 0.0, 0.0, 0.0
+        for replica, count in kinds:
+            entry = table.get((replica.gpu, mbs, replica.tp, start, end, key))
+            if entry is None:
+                entry = _new_entry(table, profile, plan, s, replica, settings, key)
+            entries.append(entry)
+            group.append(replica._key)
+            group.append(count)
+            f, b, u, _, _, fixed, per_flight, capacity, gpu, sync_bytes = entry
+            forward = f if f > forward else forward
+            backward = b if b > backward else backward
+            update = u if u > update else update
+            held = per_flight * flights
+            total = fixed + (held if held > sync_bytes else sync_bytes)
             peak = total if total > peak else peak
-            if total > t[7]:
+            if total > capacity:
                 oom = True
-            gpus.add(t[8])
+            gpus.add(gpu)
+        compute.append(entries)
+        coefficients = None
+        if synced:
+            group = tuple(group)
+            coefficients = sync_cache.get(group)
+            if coefficients is None:
+                coefficients = sync_cache[group] = _sync_coefficients(plan, s, element, network)
+        stages.append((forward, backward, update, entries[0][4], coefficients))
+    return compute, stages, (peak, oom, frozenset(gpus))
+
+
+def _stage_rows(
+    plan: Plan,
+    stages: list[tuple],
+    pipelines: list[tuple],
+    egress: dict,
+    settings: SimulatorSettings,
+) -> tuple[list[tuple], tuple[float, float]]:
+    """Per stage: forward, backward, update, send, sync, exposed sync, finish, tied-weight wait;
+    and Erben et al.'s granularity terms (seconds computing and seconds communicating per iteration
+    on the busiest GPU, counted without overlap: its stage's work; its all-reduce and its
+    transfers). Adds the all-reduces' bytes crossing places to ``egress``."""
+    last = len(stages) - 1
+    overlap, bucket = settings.overlap_grad_sync, settings.bucket_bytes
+    most = max(plan.microbatches())
+    rows, busy_s, talk_s, received = [], 0.0, 0.0, 0.0
+    for s, (forward, backward, update, gradient, coefficients) in enumerate(stages):
+        sync = _sync(coefficients, gradient, egress)
         # all-reduce time the last backward does not hide (buckets go while it runs; the last cannot)
         exposed = sync
         if sync > 0 and overlap:
             last_bucket = sync * bucket / gradient if gradient > bucket else sync
-            exposed = max(last_bucket, sync - backward)
+            hidden = sync - backward
+            exposed = hidden if hidden > last_bucket else last_bucket
         ready = send = 0.0
-        for timing, sends in pipelines:
-            end = timing.stage_end_s[s]
+        for pipeline in pipelines:
+            end = pipeline[0][s]
             ready = end if end > ready else ready
-            if s < last and sends[s] > send:
-                send = sends[s]
+            if s < last and pipeline[4][s] > send:
+                send = pipeline[4][s]
         rows.append((forward, backward, update, send, sync, exposed, ready + exposed + update, 0.0))
         work = most * (forward + backward) + update
         busy_s = work if work > busy_s else busy_s
         talk = sync + most * (received + send)
         talk_s, received = (talk if talk > talk_s else talk_s), send
-    if profile.tied_elements and last > 0:
-        _tied_exchange(profile, plan, rows, compute, pipelines, network, egress)
-    iteration = max(row[6] for row in rows)
-    slowest = max((p for p, _ in pipelines), key=lambda p: p.makespan_s)
-    return _estimate(
-        profile,
-        plan,
-        prices,
-        settings,
-        rows,
-        slowest,
-        iteration,
-        egress,
-        granularity_terms=(busy_s, talk_s),
-        memory=(peak, oom, frozenset(gpus)),
-    )
+    return rows, (busy_s, talk_s)
 
 
-def _entry_table(profile: ModelProfile, settings: SimulatorSettings) -> dict:
-    """The profile's stage entries under ``settings`` (memory depends on them)."""
-    entry = profile._cache.get(("entries", id(settings)))
-    if entry is None or entry[0] is not settings:  # holding ``settings`` keeps its id unique
-        entry = profile._cache[("entries", id(settings))] = (settings, {})
+def _profile_cache(profile: ModelProfile, name: str, under: object) -> dict:
+    """A cache on ``profile`` of results that also depend on ``under`` (settings, a network)."""
+    entry = profile._cache.get((name, id(under)))
+    if entry is None or entry[0] is not under:  # holding ``under`` keeps its id unique
+        entry = profile._cache[(name, id(under))] = (under, {})
     return entry[1]
 
 
@@ -165,53 +188,65 @@ def _new_entry(
     return entry
 
 
+# Distinct pipelines whose timing is kept per profile and network, all forgotten at once when there
+# are more: the planner simulates each placement under several sync algorithms, compressions and
+# prices, and their pipelines are the same.
+PIPELINE_CACHE_SIZE = 32
+
+
+def _pipelines(
+    profile: ModelProfile, plan: Plan, compute: list[list], network: NetworkView, egress: dict
+) -> list[tuple]:
+    """Per distinct pipeline (``Plan.pipeline_groups``), what ``_pipeline`` gives; adds each one's
+    transfers (times its count) to ``egress``. A pipeline's timing depends on its microbatches, on
+    its stages' layers and replicas, and on the plan's microbatch size, warm-up and streams: keyed
+    on exactly these, it is computed once while it stays in the cache."""
+    cache = _profile_cache(profile, "pipelines", network)
+    micro, stages = plan.microbatches(), plan.stages
+    common = (plan.microbatch_size, plan.warmup, plan.streams)
+    records = []
+    for i, count in plan.pipeline_groups:
+        m = micro[i]
+        key = [m, common]
+        for stage in stages:
+            key.append(stage.layers)
+            key.append(stage.replicas[i]._key)
+        key = tuple(key)
+        record = cache.get(key)
+        if record is None:
+            if len(cache) >= PIPELINE_CACHE_SIZE:
+                cache.clear()
+            record = cache[key] = _pipeline(profile, plan, i, m, compute, network)
+        moved = m * count  # microbatches crossing each link, all such pipelines
+        for pair, back, size in record[5]:
+            crossing = size * moved
+            egress[pair] += crossing
+            egress[back] += crossing
+        records.append(record)
+    return records
+
+
 def _pipeline(
-    profile: ModelProfile,
-    plan: Plan,
-    i: int,
-    compute: list[list],
-    network: NetworkView,
-    egress: dict,
-    count: int,
-) -> tuple[PipelineTime, list[float]]:
-    """Timing of pipeline ``i`` and, per link, the time to send one activation; adds its transfers
-    (times ``count`` identical pipelines) to ``egress``."""
-    f, b, latency, fwd, bwd = _pipeline_inputs(profile, plan, i, compute, network, egress, count)
-    sends = [lat + occupy for lat, occupy in zip(latency, fwd, strict=True)]
-    return pipeline_time(f, b, plan.microbatches()[i], latency, fwd, bwd, plan.warmup), sends
-
-
-def _pipeline_inputs(
-    profile: ModelProfile,
-    plan: Plan,
-    i: int,
-    compute: list[list],
-    network: NetworkView,
-    egress: dict | None = None,
-    count: int = 1,
-) -> tuple[list, list, list, list, list]:
-    """Per stage forward and backward seconds; per link latency and channel occupancy each way."""
-    stages, kind_of = plan.stages, plan.kind_of
-    f, b, latency, fwd, bwd = [], [], [], [], []
-    moved = plan.microbatches()[i] * count  # microbatches crossing each link, all such pipelines
-    streams, hop = plan.streams, network.hop
-    previous = size = None
-    for s, stage in enumerate(stages):
-        replica = stage.replicas[i]
-        times = compute[s][kind_of[s][i]]
-        f.append(times[0])
-        b.append(times[1])
-        if previous is not None:
-            src, dst = previous.infra, replica.infra
-            lat, per_byte_f, per_byte_b = hop(src, dst, streams)
-            latency.append(lat)
-            fwd.append(size * per_byte_f)
-            bwd.append(size * per_byte_b)
-            if src != dst and egress is not None:
-                egress[(src, dst)] += size * moved
-                egress[(dst, src)] += size * moved
-        previous, size = replica, times[3]
-    return f, b, latency, fwd, bwd
+    profile: ModelProfile, plan: Plan, i: int, m: int, compute: list[list], network: NetworkView
+) -> tuple:
+    """Pipeline ``i`` of ``m`` microbatches: its stages' end times, period, index of the critical
+    cycle, the cycle names, per link the time to send one activation, the links that cross places
+    as ((src, dst), (dst, src), bytes of one activation); and what the exchange of a tied weight
+    between its ends needs (``_tied_exchange``; None without one)."""
+    gather = gatherer(len(compute))
+    f, b, latency, fwd, bwd, sends, crossing = gather(
+        compute, plan.kind_of, plan.stages, i, network.hop, plan.streams
+    )
+    run, names = runner(len(f), m, plan.warmup)
+    ends, period, at = run(f, b, latency, fwd, bwd, m)
+    tied = None
+    if profile.tied_elements and len(f) > 1:
+        a, z = plan.stages[0].replicas[i].infra, plan.stages[-1].replicas[i].infra
+        # the first microbatch of the next iteration reaches the last stage after its forward
+        # through every stage before the last and each send on
+        fill = sum(map(operator.add, f, sends))
+        tied = (a, z, *network.hop(a, z, plan.streams), fill)
+    return ends, period, at, names, sends, crossing, tied
 
 
 def latency_aware_plan_warmup(
@@ -232,26 +267,24 @@ def latency_aware_plan_warmup(
         for stage, kinds in zip(plan.stages, plan.stage_kinds, strict=True)
     ]
     warmup = list(plan.warmup)
+    gather = gatherer(len(compute))
     for i, _ in plan.pipeline_groups:
-        f, b, latency, fwd, bwd = _pipeline_inputs(profile, plan, i, compute, network)
+        f, b, latency, fwd, bwd, _, _ = gather(
+            compute, plan.kind_of, plan.stages, i, network.hop, plan.streams
+        )
         for s, w in enumerate(latency_aware_warmup(f, b, latency, fwd, bwd)):
             warmup[s] = max(warmup[s], w)
     most = max(plan.microbatches())  # no stage can run further ahead than there are microbatches
     return tuple(min(w, most) for w in warmup)
 
 
-def _sync(
-    plan: Plan, s: int, message: float, element: int, network: NetworkView, egress: dict
-) -> float:
-    """Seconds of the stage's all-reduce. For a fixed group, time is ``a + c * bytes`` and the bytes
-    crossing each boundary are proportional to the message: the coefficients are cached per group."""
-    key = (plan.stage_kinds[s], plan.allreduce, plan.compression, element, plan.streams)
-    coefficients = network.sync_cache.get(key)
-    if coefficients is None:
-        coefficients = network.sync_cache[key] = _sync_coefficients(plan, s, element, network)
-    fixed, slope, per_byte = coefficients
-    if message <= 0 or plan.dp_degree < 2:
+def _sync(coefficients: tuple | None, message: float, egress: dict) -> float:
+    """Seconds of a stage's all-reduce of ``message`` bytes; adds the bytes it sends across places
+    to ``egress``. For a fixed group, time is ``a + c * bytes`` and the bytes crossing each boundary
+    are proportional to the message: ``coefficients`` (a, c, per pair of places its share)."""
+    if coefficients is None or message <= 0:
         return 0.0
+    fixed, slope, per_byte = coefficients
     for pair, share in per_byte:
         egress[pair] += share * message
     return fixed + slope * message
@@ -288,9 +321,7 @@ def _tied_exchange(
     profile: ModelProfile,
     plan: Plan,
     rows: list[tuple],
-    compute: list[list],
-    pipelines: list,
-    network: NetworkView,
+    pipelines: list[tuple],
     egress: dict,
 ) -> None:
     """A tied embedding as the runtime keeps it (runtime/stage.py): once the last stage's gradients
@@ -302,15 +333,12 @@ def _tied_exchange(
     size = profile.tied_elements * profile.element_bytes
     first, last = rows[0], rows[-1]
     first_ready, last_ready = first[6] - first[2], last[6] - last[2]  # before the optimizer step
-    kind_of, stages, hop = plan.kind_of, plan.stages, network.hop
     first_done, back = first_ready, 0.0
-    for (i, count), (_, sends) in zip(plan.pipeline_groups, pipelines, strict=True):
-        a, z = stages[0].replicas[i].infra, stages[-1].replicas[i].infra
-        latency, to_last, to_first = hop(a, z, plan.streams)
-        done = max(first_ready, last_ready + latency + size * to_first)
+    for (_, count), pipeline in zip(plan.pipeline_groups, pipelines, strict=True):
+        a, z, latency, to_last, to_first, fill = pipeline[6]
+        done = last_ready + latency + size * to_first
+        done = done if done > first_ready else first_ready
         first_done = done if done > first_done else first_done
-        # when the first microbatch of the next iteration reaches the last stage
-        fill = sum(compute[s][kind_of[s][i]][0] + sends[s] for s in range(len(stages) - 1))
         arrival = done + latency + size * to_last - fill
         back = arrival if arrival > back else back
         if a != z:
@@ -318,7 +346,7 @@ def _tied_exchange(
             egress[(a, z)] += size * count
     rows[0] = (*first[:6], first_done + first[2], first_done - first_ready)
     # the last stage's update of its copy: the first stage's step scaled to the tied weight's size
-    params = profile.stage_facts(1, *stages[0].layers)[0]
+    params = profile.stage_facts(1, *plan.stages[0].layers)[0]
     late = back + (first[2] * profile.tied_elements / params if params else 0.0)
     if late > last[6]:
         rows[-1] = (*last[:6], late, late - last[6])
@@ -330,48 +358,56 @@ def _estimate(
     prices: PriceView,
     settings: SimulatorSettings,
     rows: list[tuple],
-    slowest: PipelineTime,
-    iteration: float,
+    pipelines: list[tuple],
     egress: dict,
-    *,
     granularity_terms: tuple[float, float],
     memory: tuple[float, bool, frozenset],
 ) -> Estimate:
     micro = plan.microbatches()
     peak, oom, gpus = memory
+    iteration = rows[0][6]  # when the last optimizer step ends
+    for row in rows:
+        iteration = row[6] if row[6] > iteration else iteration
+    slowest = pipelines[0]  # the first of the longest
+    for pipeline in pipelines:
+        if pipeline[0][0] > slowest[0][0]:
+            slowest = pipeline
+    makespan, period, at, names = slowest[0][0], slowest[1], slowest[2], slowest[3]
+    bubble = makespan - max(micro) * period
     per_hour = prices.hourly_usd(plan.stage_kinds)
     price = prices.egress_usd_per_byte
-    egress_usd = sum(size * price(src, dst) for (src, dst), size in egress.items())
+    egress_usd = sum([size * price(src, dst) for (src, dst), size in egress.items()])
     compute_s, comm_s = granularity_terms
     granularity = compute_s / comm_s if comm_s > 0 else float("inf")
     used, weakest, by_gpu = _sources_used(profile, gpus)
     samples_per_s = plan.global_batch_size / iteration
 
-    def breakdown() -> Breakdown:
-        return _breakdown(profile, plan, prices, settings, rows, egress, used)
-
-    return Estimate(
-        iteration_time_s=iteration,
-        samples_per_s=samples_per_s,
-        tokens_per_s=samples_per_s * profile.tokens_per_sample
-        if profile.tokens_per_sample
-        else None,
-        microbatches=micro,
-        pipeline_s=slowest.makespan_s,
-        period_s=slowest.period_s,
-        bottleneck=slowest.critical,
-        bubble_s=max(0.0, slowest.makespan_s - max(micro) * slowest.period_s),
-        oom=oom,
-        peak_memory_bytes=peak,
-        cost_per_hour_usd=per_hour,
-        compute_usd_per_iteration=per_hour * iteration / 3600,
-        egress_usd_per_iteration=egress_usd,
-        granularity=granularity,
-        speedup_if_doubled=(granularity + 1) / (granularity / 2 + 1) if comm_s > 0 else 2.0,
-        global_batch_size=plan.global_batch_size,
-        profile_source=weakest,
-        profile_sources=by_gpu,
-        breakdown_fn=breakdown,
+    return Estimate.of(
+        {
+            "iteration_time_s": iteration,
+            "samples_per_s": samples_per_s,
+            "tokens_per_s": samples_per_s * profile.tokens_per_sample
+            if profile.tokens_per_sample
+            else None,
+            "microbatches": micro,
+            "pipeline_s": makespan,
+            "period_s": period,
+            "bottleneck": names[at],
+            "bubble_s": bubble if bubble > 0.0 else 0.0,
+            "oom": oom,
+            "peak_memory_bytes": peak,
+            "cost_per_hour_usd": per_hour,
+            "compute_usd_per_iteration": per_hour * iteration / 3600,
+            "egress_usd_per_iteration": egress_usd,
+            "granularity": granularity,
+            "speedup_if_doubled": (granularity + 1) / (granularity / 2 + 1) if comm_s > 0 else 2.0,
+            "global_batch_size": plan.global_batch_size,
+            "profile_source": weakest,
+            "profile_sources": by_gpu,
+            "breakdown_fn": partial(
+                _breakdown, profile, plan, prices, settings, rows, egress, used
+            ),
+        }
     )
 
 

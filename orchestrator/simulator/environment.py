@@ -23,8 +23,9 @@ class NetworkView:
         self._links: dict[tuple[str, str, int], tuple[float, float]] = {}
         self._hops: dict[tuple[str, str, int], tuple[float, float, float]] = {}
         self._places: dict[str, Location] = {}
-        # collective costs by (places, bytes, algorithm, compression, element size, streams): the
-        # planner evaluates the same data-parallel groups again and again
+        # all-reduce costs per data-parallel group (algorithm, compression, element size, streams,
+        # kinds of replica and their counts; simulator/core.py): the planner evaluates the same
+        # groups again and again
         self.sync_cache: dict[tuple, object] = {}
 
     def place(self, infra: str) -> Location:
@@ -77,7 +78,9 @@ class PriceView:
         self.market = market
         self.egress_table = egress_table
         self._gpu_hour: dict[tuple, float] = {}
-        self._by_replica: dict = {}  # Replica -> $/h of its GPUs
+        # a replica's fields (``Replica._key``: a plain tuple, hashed and compared without calling
+        # Python code) -> $/h of its GPUs
+        self._by_replica: dict = {}
         self._egress: dict[tuple[str, str], float] = {}
         self._network = NetworkView(catalog)
 
@@ -97,9 +100,9 @@ class PriceView:
         total = 0.0
         for kinds in stage_kinds:
             for replica, count in kinds:
-                price = cache.get(replica)
+                price = cache.get(replica._key)
                 if price is None:
-                    price = cache[replica] = replica.tp * self.gpu_hour_usd(
+                    price = cache[replica._key] = replica.tp * self.gpu_hour_usd(
                         replica.gpu,
                         replica.infra,
                         spot=replica.spot,

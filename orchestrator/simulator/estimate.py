@@ -106,6 +106,16 @@ class Estimate:
     profile_sources: tuple[tuple[str, str], ...]  # (gpu, source)
     breakdown_fn: Callable[[], Breakdown] = field(repr=False)
 
+    @classmethod
+    def of(cls, fields: dict) -> Estimate:
+        """The estimate whose fields, all of them, are ``fields`` (a new dict, which becomes the
+        instance's ``__dict__``), for the planner's inner loop: a frozen dataclass's ``__init__``
+        sets each field through ``object.__setattr__``, which costs more than many of the
+        simulator's sums (tests check both ways give the same object)."""
+        estimate = object.__new__(cls)
+        object.__setattr__(estimate, "__dict__", fields)
+        return estimate
+
     @functools.cached_property
     def breakdown(self) -> Breakdown:
         return self.breakdown_fn()

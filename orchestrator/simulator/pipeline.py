@@ -21,7 +21,7 @@ than the slowest stage: more microbatches in flight (more activation memory) hid
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from orchestrator.simulator.schedule import (
@@ -98,6 +98,16 @@ def pipeline_time(
         warmup = standard_warmup(stages)
     if stages > 1 and not (latency and occupy_fwd and occupy_bwd):
         latency, occupy_fwd, occupy_bwd = _links(stages, latency, occupy_fwd, occupy_bwd)
+    run, names = runner(stages, m, warmup)
+    ends, per, at = run(f, b, latency, occupy_fwd, occupy_bwd, m)
+    return PipelineTime(ends[0], ends, per, names[at])
+
+
+def runner(stages: int, m: int, warmup: Warmup) -> tuple[Callable, tuple[str, ...]]:
+    """The function ``run(f, b, latency, occupy_fwd, occupy_bwd, m) -> (stage end times, period,
+    index of the critical cycle)`` of ``pipeline_time`` for ``stages`` stages, ``m`` microbatches
+    and ``warmup``, and the cycle names that index points into: for callers that keep their own
+    per-pipeline results (the simulator's inner loop)."""
     exact_m = warmup[0] + 1 + EXACT_EXTRA_MICROBATCHES
     if m < exact_m:
         exact_m = m
@@ -113,9 +123,7 @@ def pipeline_time(
         shape[2] += 1
         if shape[2] == COMPILE_AFTER_USES:
             shape[0] = compiled_pipeline(stages, exact_m, warmup)
-    run, names, _ = shape
-    ends, per, at = run(f, b, latency, occupy_fwd, occupy_bwd, m)
-    return PipelineTime(ends[0], ends, per, names[at])
+    return shape[0], shape[1]
 
 
 # A shape is interpreted until it has been used this often, then compiled. Compiling costs what

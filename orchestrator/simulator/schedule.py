@@ -73,12 +73,11 @@ def _compile(source: list[str], name: str) -> Callable:
     return namespace["run"]
 
 
-@functools.lru_cache(maxsize=256)
-def compiled_schedule(stages: int, m: int, warmup: Warmup) -> Callable:
-    """``run(f, b, lat, of, ob) -> stage end times``: every operation of the schedule, unrolled."""
+def _schedule_lines(stages: int, m: int, warmup: Warmup) -> list[str]:
+    """The body of a function of ``f, b, lat, of, ob``: durations into locals (``f0``, ``b0``,
+    ``l0``, ``o0``, ``q0``), then every operation; stage ``s`` ends at ``e{s}``."""
     last = stages - 1
-    lines = ["def run(f, b, lat, of, ob):"]
-    lines += [
+    lines = [
         f"    f{s} = f[{s}]; b{s} = b[{s}]; e{s} = 0.0; cf{s} = 0.0; cb{s} = 0.0"
         for s in range(stages)
     ]
@@ -99,6 +98,13 @@ def compiled_schedule(stages: int, m: int, warmup: Warmup) -> Callable:
                 lines.append(
                     f"    g{s}_{j} = e{s}"
                 )  # the loss: this microbatch's backward may start
+    return lines
+
+
+@functools.lru_cache(maxsize=256)
+def compiled_schedule(stages: int, m: int, warmup: Warmup) -> Callable:
+    """``run(f, b, lat, of, ob) -> stage end times``: every operation of the schedule, unrolled."""
+    lines = ["def run(f, b, lat, of, ob):", *_schedule_lines(stages, m, warmup)]
     lines.append(f"    return ({', '.join(f'e{s}' for s in range(stages))},)")
     return _compile(lines, f"<1F1B schedule {stages}x{m} warm-up {warmup}>")
 
@@ -135,42 +141,34 @@ def compiled_cycles(stages: int, warmup: Warmup) -> Callable:
 def compiled_pipeline(stages: int, exact_m: int, warmup: Warmup) -> Callable:
     """``run(f, b, lat, of, ob, m) -> (stage end times, period, index of the critical cycle)``: the
     cycle means of ``compiled_cycles`` (tracking their maximum), the exact schedule of ``exact_m``
-    microbatches and its extension by ``m - exact_m`` periods, in one function: the planner's inner
-    loop pays one call per pipeline."""
-    cycles = compiled_cycles(stages, warmup)
-    schedule = compiled_schedule(stages, exact_m, warmup)
-    source = ["def run(f, b, lat, of, ob, m):", "    best = -1.0; at = 0"]
+    microbatches and its extension by ``m - exact_m`` periods, in one function of local variables:
+    the planner's inner loop pays one call per pipeline."""
+    source = ["def run(f, b, lat, of, ob, m):", *_schedule_lines(stages, exact_m, warmup)]
+    source.append("    best = -1.0; at = 0")
     index = 0
     for s in range(stages - 1):
-        for value in (f"of[{s}]", f"ob[{s}]"):
+        for value in (f"o{s}", f"q{s}"):
             source += [f"    v = {value}", f"    if v > best: best = v; at = {index}"]
             index += 1
     for k in range(stages):
-        source += [f"    w = f[{k}] + b[{k}]", f"    if w > best: best = w; at = {index}"]
+        source += [f"    w = f{k} + b{k}", f"    if w > best: best = w; at = {index}"]
         index += 1
         for k2 in range(k + 1, stages):
-            source.append(
-                f"    w += f[{k2}] + b[{k2}] + 2 * lat[{k2 - 1}] + of[{k2 - 1}] + ob[{k2 - 1}]"
-            )
+            source.append(f"    w += f{k2} + b{k2} + 2 * l{k2 - 1} + o{k2 - 1} + q{k2 - 1}")
             source += [
                 f"    v = w / {warmup[k] - warmup[k2] + 1}",
                 f"    if v > best: best = v; at = {index}",
             ]
             index += 1
+    ends = [f"e{s}" for s in range(stages)]
     source += [
-        "    ends = schedule(f, b, lat, of, ob)",
         f"    shift = (m - {exact_m}) * best",
         "    if shift:",
-        "        ends = tuple([e + shift for e in ends])",
-        "    return ends, best, at",
+        f"        return ({''.join(e + ' + shift, ' for e in ends)}), best, at",
+        f"    return ({''.join(e + ', ' for e in ends)}), best, at",
     ]
-    namespace: dict = {"schedule": schedule}
-    exec(
-        compile("\n".join(source), f"<1F1B pipeline {stages}x{exact_m} warm-up {warmup}>", "exec"),
-        namespace,
-    )  # noqa: S102
-    assert len(cycle_names(stages)) == index and cycles is not None
-    return namespace["run"]
+    assert len(cycle_names(stages)) == index
+    return _compile(source, f"<1F1B pipeline {stages}x{exact_m} warm-up {warmup}>")
 
 
 @functools.lru_cache(maxsize=256)
