@@ -91,6 +91,9 @@ def _summary(result: RunResult) -> None:
     events = list(read_events(folder / "events.jsonl"))
     print(file=sys.stderr)
     print(f"job {state.job}: {state.phase} after {state.step} steps in {result.elapsed_s:.1f} s")
+    if state.phase == "failed" and events:
+        last = events[-1]
+        print(f"why: {last.get('reason', last['event'])}; {last.get('decision', '')}")
     if state.losses:
         print(f"final loss {state.losses[-1]:.4f}")
     if choice is not None:

@@ -183,7 +183,8 @@ class Driver:
                 excluded=frozenset(self.session.excluded), held=self._held_by_place()
             )
         except UserError as error:
-            self._log("no_plan", "stop; the job's state and checkpoints are kept", error.message)
+            reason = error.message + (f" (to fix: {error.fix})" if error.fix else "")
+            self._log("no_plan", "stop; the job's state and checkpoints are kept", reason)
             return Phase.FAILED
         self.session.choice = choice
         self._log(
