@@ -18,9 +18,15 @@ import json
 import threading
 from pathlib import Path
 
-from orchestrator.cli.jobs_cmd import status_row
 from orchestrator.driver.events import read_events
-from orchestrator.driver.job import JOBS_DIR, METRICS_FILE, STOP_FILE, RunOptions, run_job
+from orchestrator.driver.job import (
+    JOBS_DIR,
+    METRICS_FILE,
+    STOP_FILE,
+    RunOptions,
+    run_job,
+    status_row,
+)
 from orchestrator.driver.state import JobState, StateStore
 from orchestrator.errors import UserError
 

@@ -56,7 +56,3 @@ class RecipeError(UserError):
 
 class CatalogError(UserError):
     """A file under configs/ (or one passed in its place) has a bad row or value."""
-
-
-class NotBuiltError(Exception):
-    """A command that is planned but not built yet; the CLI says so and exits with code 3."""

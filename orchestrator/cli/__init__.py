@@ -1,7 +1,7 @@
 """The command line: ``python -m orchestrator COMMAND`` (also installed as ``orchestrator``).
 
 Exit codes: 0 success; 2 a user error (bad recipe, bad argument, bad config row), printed without a
-traceback; 3 a command that is not built yet.
+traceback; 1 a job that ended without finishing (``submit``: failed or stopped).
 """
 
 from __future__ import annotations
@@ -21,9 +21,7 @@ from orchestrator.cli import (
     simulate_cmd,
     submit_cmd,
 )
-from orchestrator.errors import USER_ERROR_EXIT_CODE, NotBuiltError, UserError
-
-NOT_BUILT_EXIT_CODE = 3
+from orchestrator.errors import USER_ERROR_EXIT_CODE, UserError
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter):
@@ -67,8 +65,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserError as exc:
         print(f"error: {exc.render()}", file=sys.stderr)
         return USER_ERROR_EXIT_CODE
-    except NotBuiltError as exc:
-        print(str(exc), file=sys.stderr)
-        return NOT_BUILT_EXIT_CODE
     except BrokenPipeError:  # e.g. `... | head`: the reader left; nothing to report
         return 0

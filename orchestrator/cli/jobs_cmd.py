@@ -10,13 +10,12 @@
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 from pathlib import Path
 
 from orchestrator.catalog import Catalog
 from orchestrator.cli.output import format_table, print_json
 from orchestrator.driver.events import read_events
-from orchestrator.driver.job import JOBS_DIR, STOP_FILE
+from orchestrator.driver.job import JOBS_DIR, STOP_FILE, iso_time, status_row
 from orchestrator.driver.state import JobState, StateStore
 from orchestrator.errors import UserError
 
@@ -71,25 +70,6 @@ def run_status(args: argparse.Namespace, catalog: Catalog) -> int:
 _KEYS = ("job", "phase", "step", "loss", "samples_per_s", "usd_spent", "recoveries", "nodes")
 
 
-def status_row(state: JobState) -> dict:
-    rate = state.trained_steps * state.global_batch_size / state.train_s if state.train_s else None
-    return {
-        "job": state.job,
-        "phase": state.phase,
-        "step": f"{state.step}/{state.steps_total}" if state.steps_total else str(state.step),
-        "loss": round(state.losses[-1], 4) if state.losses else None,
-        "samples_per_s": round(rate, 2) if rate else None,
-        "usd_spent": round(state.compute_usd + state.egress_usd, 6),
-        "compute_usd": state.compute_usd,
-        "egress_usd": state.egress_usd,
-        "egress_bytes": state.egress_bytes,
-        "recoveries": state.recoveries,
-        "nodes": len(state.nodes),
-        "checkpoint_step": state.checkpoint_step,
-        "updated_at": _iso(state.updated_at_s),
-    }
-
-
 def run_logs(args: argparse.Namespace, catalog: Catalog) -> int:
     folder = args.jobs_dir / args.job
     _load(folder)  # a clear error for a job that does not exist
@@ -98,7 +78,7 @@ def run_logs(args: argparse.Namespace, catalog: Catalog) -> int:
         print_json({"job": args.job, "events": events})
         return 0
     for event in events:
-        parts = [_iso(event["time_s"]), event["event"]]
+        parts = [iso_time(event["time_s"]), event["event"]]
         parts += [event[k] for k in ("decision", "reason") if event.get(k)]
         details = event.get("details")
         if details:
@@ -128,8 +108,3 @@ def _load(folder: Path) -> JobState:
             fix="python -m orchestrator status lists the jobs; --jobs-dir says where to look",
         )
     return store.load().state
-
-
-def _iso(seconds: float) -> str:
-    stamp = dt.datetime.fromtimestamp(seconds, dt.timezone.utc)
-    return stamp.strftime("%Y-%m-%dT%H:%M:%SZ")

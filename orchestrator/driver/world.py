@@ -33,16 +33,10 @@ log = logging.getLogger(__name__)
 
 
 def describe(plan: Plan) -> str:
-    """``2 stages x 2 replicas, microbatch 2: 2 T4 in local/sim-us/sim-us-a, ...``"""
-    gpus: dict[tuple[str, str], int] = defaultdict(int)
-    for stage in plan.stages:
-        for r in stage.replicas:
-            gpus[(r.gpu, r.infra)] += r.tp
-    where = ", ".join(f"{n} {gpu} in {infra}" for (gpu, infra), n in sorted(gpus.items()))
-    return (
-        f"{plan.num_stages} stages x {plan.dp_degree} replicas, microbatch "
-        f"{plan.microbatch_size}: {where}"
-    )
+    """``PP2 x DP2 x TP1, microbatch 2: local/sim-us/sim-us-a: 2 T4 spot; ...``"""
+    from orchestrator.planner.explain import gpus_by_location, shape_text
+
+    return f"{shape_text(plan)}, microbatch {plan.microbatch_size}: {gpus_by_location(plan)}"
 
 
 class MarketPlans:
