@@ -5,7 +5,8 @@ Usage: python bench/fidelity.py [--model gpt-mini] [--steps 6] [--warmup-steps 2
 
 1. Profile the model on this machine (runtime/profiler.py, one thread: one worker's CPU slot stands
    in for a T4 of the local simulated cloud), with as many profilers at once as the layout has
-   workers (``--profile-copies``), so each slot is measured as busy as it is in training. The
+   workers (``--profile-copies``), in Ray worker processes started together, so each slot is
+   measured as busy as it is in training (each layer's figures: the mean over the copies). The
    profile is taken again right before each layout runs: this shared VM's speed drifts by up to
    ~10% over minutes, which would otherwise be read as the model's error (``--profile-once``
    profiles once per worker count, as a user would).
@@ -91,14 +92,44 @@ def _profile_once(model: str, microbatch: int):
 
 def _profile(spec, microbatch: int, *, copies: int):
     """The profile of one CPU slot while ``copies - 1`` other slots run the same work: a worker
-    of a layout shares this machine's cores, caches and memory bandwidth with the others."""
-    if copies <= 1:
-        return _profile_once(spec.name, microbatch)
-    import multiprocessing
+    of a layout shares this machine's cores, caches and memory bandwidth with the others. The
+    copies run in Ray actors of one CPU each, worker processes like the runtime's (Ray runs them
+    at a lower priority than its own daemons), all started before any measures so that they
+    measure at the same time; each layer's figures are the mean over the copies."""
+    import dataclasses
 
-    with multiprocessing.get_context("spawn").Pool(copies) as pool:
-        measurements = pool.starmap(_profile_once, [(spec.name, microbatch)] * copies)
-    return measurements[0]
+    import ray
+
+    @ray.remote(num_cpus=1)
+    class Profiler:
+        def ready(self) -> None:
+            import runtime.profiler  # noqa: F401  (imports paid before the copies start together)
+
+        def measure(self):
+            return _profile_once(spec.name, microbatch)
+
+    actors = [Profiler.remote() for _ in range(copies)]
+    try:
+        ray.get([a.ready.remote() for a in actors])
+        measurements = ray.get([a.measure.remote() for a in actors])
+    finally:
+        for actor in actors:
+            ray.kill(actor)
+    first = measurements[0]
+
+    def mean_layer(timings):
+        return dataclasses.replace(
+            timings[0],
+            forward_s=statistics.mean(t.forward_s for t in timings),
+            backward_s=statistics.mean(t.backward_s for t in timings),
+            update_s=statistics.mean(t.update_s for t in timings),
+        )
+
+    layers = {
+        size: tuple(mean_layer([m.layers[size][i] for m in measurements]) for i in range(len(per)))
+        for size, per in first.layers.items()
+    }
+    return dataclasses.replace(first, layers=layers)
 
 
 def run_layout(layout, config, *, steps: int, warmup_steps: int) -> tuple[float, list[dict]]:
@@ -135,12 +166,14 @@ def memory_error(estimate, layout, counters: list[dict]) -> tuple[float, float, 
     return worst
 
 
-def _show_phases(estimate, phases: list[dict]) -> None:
+def _show_phases(estimate, phases: list[dict], microbatches: int) -> None:
     """Predicted stage terms beside each worker's measured phases (seconds), to see which part of
     a step a disagreement sits in."""
     for stage in estimate.stages:
+        compute = microbatches * (stage.forward_s + stage.backward_s)
         print(
-            f"    predicted stage {stage.stage}: finish {stage.finish_s:.3f} sync "
+            f"    predicted stage {stage.stage}: compute {compute:.3f} send "
+            f"{stage.send_s * 1e3:.2f} ms finish {stage.finish_s:.3f} sync "
             f"{stage.dp_sync_exposed_s:.3f} tied {stage.tied_wait_s:.3f} update {stage.update_s:.3f}"
         )
     for worker in phases:
@@ -262,7 +295,7 @@ def main() -> None:
                     flush=True,
                 )
                 if args.phases:
-                    _show_phases(estimate, counters)
+                    _show_phases(estimate, counters, plan.microbatches()[0])
     finally:
         ray.shutdown()
     _summary(results)

@@ -264,6 +264,7 @@ def _measurement_facts(measurement: ModelMeasurement, config: ProfilerConfig, gp
         "torch_version": measurement.torch_version,
         "repeats": config.repeats,
         "warmup": config.warmup,
+        "method": measurement.method,  # layers timed in one graph, or each alone
         "elapsed_s": measurement.elapsed_s,
     }
 

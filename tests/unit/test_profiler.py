@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -162,3 +163,23 @@ def test_a_cnn_is_refused_without_traceback():
     assert "Traceback" not in result.stderr
     assert "GPT models only" in result.stderr and "To fix:" in result.stderr
     assert not (REPO / "never.json").exists()
+
+
+def test_layers_timed_in_one_graph_add_up_to_a_whole_pass() -> None:
+    """The in-place stamps split one pass: their sum is that pass's forward and backward, and each
+    layer gets a positive share (no hook missed, none counted twice)."""
+    from runtime.models.gpt import build_layers
+    from runtime.profiler import _chained_pass, _Clock
+
+    torch.manual_seed(0)
+    layers = build_layers(SPEC, seed=0)
+    ids = torch.randint(0, SPEC.vocab_size, (2, SPEC.seq_len + 1))
+    clock = _Clock(torch.device("cpu"))
+    started = time.perf_counter()
+    times = _chained_pass(layers, ids[:, :-1], ids[:, 1:], clock)
+    elapsed = time.perf_counter() - started
+    assert len(times) == len(layers)
+    assert all(f > 0 and b > 0 for f, b in times)
+    total = sum(f + b for f, b in times)
+    assert total <= elapsed
+    assert total >= 0.5 * elapsed  # the stamps cover the pass, not a part of it
