@@ -29,6 +29,7 @@ from orchestrator.recipe.schema import Recipe
 
 JOBS_DIR = Path(".orchestrator/jobs")
 STOP_FILE = "stop.request"
+LOCATION_OUTAGE_S = 3600.0  # market seconds a location preempted as a whole offers nothing
 METRICS_FILE = "metrics.jsonl"
 
 
@@ -36,6 +37,8 @@ METRICS_FILE = "metrics.jsonl"
 class RunOptions:
     jobs_dir: Path = JOBS_DIR
     preempt_at: tuple[int, ...] = ()  # added to the recipe's local_cloud.preempt_at_steps
+    # added to the recipe's local_cloud.preempt_location_at_steps
+    preempt_location_at: tuple[int, ...] = ()
     notice_s: float | None = None  # None: the recipe's local_cloud.notice_s
     on_step: Callable[[JobState, StepResult], None] | None = None
 
@@ -155,7 +158,11 @@ def _driver(recipe, catalog, provisioner, store, state, options: RunOptions) -> 
         checkpoint_url=checkpoint_url(recipe),
         network=network,
     )
-    schedule = sorted({*options.preempt_at, *recipe.local_cloud.preempt_at_steps})
+    chaos = _ChaosSchedule(
+        provisioner,
+        nodes={*options.preempt_at, *recipe.local_cloud.preempt_at_steps},
+        locations={*options.preempt_location_at, *recipe.local_cloud.preempt_location_at_steps},
+    )
     metrics = _Metrics(store.folder / METRICS_FILE, recipe.training.global_batch_size)
     gauges = DashboardMetrics(state.job)
 
@@ -166,11 +173,7 @@ def _driver(recipe, catalog, provisioner, store, state, options: RunOptions) -> 
         )
         if options.on_step is not None:
             options.on_step(current, result)
-        if schedule and current.step >= schedule[0]:
-            schedule.pop(0)
-            nodes = sorted(current.nodes)
-            if nodes:  # the seeded chaos: always the first node of the current gang
-                provisioner.preempt_now(nodes[0])
+        chaos.after(current)
 
     driver = Driver(
         store=store,
@@ -188,6 +191,27 @@ def _driver(recipe, catalog, provisioner, store, state, options: RunOptions) -> 
         stop_requested=(store.folder / STOP_FILE).exists,
     )
     return driver
+
+
+class _ChaosSchedule:
+    """The seeded chaos of the local cloud: after the listed steps the market takes back the
+    first node of the job (by id), or every node the job holds in that node's location."""
+
+    def __init__(self, provisioner, *, nodes: set[int], locations: set[int]) -> None:
+        self.provisioner = provisioner
+        self.pending = sorted([(s, "node") for s in nodes] + [(s, "location") for s in locations])
+
+    def after(self, state: JobState) -> None:
+        while self.pending and state.step >= self.pending[0][0]:
+            _, what = self.pending.pop(0)
+            held = {n.node_id: n for n in self.provisioner.nodes() if n.node_id in state.nodes}
+            if not held:
+                continue
+            first = held[min(held)]
+            if what == "location":  # and the market has none there for a while
+                self.provisioner.preempt_location(first.infra, outage_s=LOCATION_OUTAGE_S)
+            else:
+                self.provisioner.preempt_now(first.node_id)
 
 
 class _Metrics:

@@ -13,8 +13,11 @@ against the local simulated cloud, a real cloud, or hand-written fakes in tests:
   checkpoint, stop. ``WorkersLost`` from ``step`` means a worker's node died under it.
 
 Recovery in this version keeps the nodes that survived, launches what the new plan needs beyond
-them, and restarts the workers from the newest checkpoint; steps committed after it are trained
-again (the data of step ``k`` depends only on ``k``, so the losses repeat).
+them, and restarts the workers from the newest checkpoint. A preemption notice is acted on before
+the node goes: the driver checkpoints the step just committed, lets go of the noticed nodes and
+recovers from that checkpoint at once, so no committed step is lost. A node lost without notice
+rolls back to the newest checkpoint; steps committed after it are trained again (the data of step
+``k`` depends only on ``k``, so the losses repeat).
 """
 
 from __future__ import annotations
@@ -122,7 +125,8 @@ class _Session:
     choice: Choice | None = None
     nodes: dict[str, Request] = field(default_factory=dict)  # node id -> what it was launched as
     excluded: set[str] = field(default_factory=set)
-    lost_at_s: float | None = None  # when the node loss under recovery happened
+    lost_at_s: float | None = None  # when the node loss (or the notice) under recovery happened
+    leaving: set[str] = field(default_factory=set)  # noticed nodes to let go of when recovering
     step_from_s: float = 0.0  # when the step being trained began
     billed_at_s: float = 0.0
 
@@ -283,10 +287,13 @@ class Driver:
         return Phase.DONE
 
     def _recover(self) -> Phase:
-        """Stop the workers, keep the nodes that are still alive, go back to planning."""
-        self.trainer.stop()
+        """Stop the workers, keep the nodes that are still alive (and not noticed), go back to
+        planning."""
+        self.trainer.stop()  # after the workers' checkpoint writes are done
         self._bill()
-        alive = self.cloud.alive(list(self.session.nodes))
+        leaving, self.session.leaving = self.session.leaving, set()
+        self.cloud.terminate(sorted(leaving))  # doomed: stop paying for them now
+        alive = self.cloud.alive([n for n in self.session.nodes if n not in leaving])
         self.session.nodes = {n: r for n, r in self.session.nodes.items() if n in alive}
         restart = self.state.checkpoint_step or 0
         self._save(
@@ -305,21 +312,36 @@ class Driver:
     # -- events and bookkeeping -------------------------------------------------------------------
 
     def _react(self, events: list) -> Phase | None:
-        """A lost node of ours: recover. Else preemption notices: checkpoint now."""
+        """A lost node of ours: recover from the newest checkpoint. Preemption notices: checkpoint
+        now and move off the noticed nodes before they go (nothing committed is lost)."""
         ours = [e for e in events if getattr(e, "node_id", None) in self.session.nodes]
+        notices = [e for e in ours if isinstance(e, PreemptionNotice)]
+        for event in notices:
+            self._log(
+                "preemption_notice",
+                "checkpoint now, then move off the node before it goes",
+                f"node {event.node_id} in {event.infra}",
+                details={
+                    "deadline_s": event.deadline_s,
+                    "step": self.state.step,
+                    "infra": event.infra,
+                },
+            )
         lost = [e for e in ours if isinstance(e, NodeLost)]
         if lost:
             return self._lost("; ".join(f"node {e.node_id} in {e.infra} {e.reason}" for e in lost))
-        for event in ours:
-            if isinstance(event, PreemptionNotice):
-                self._log(
-                    "preemption_notice",
-                    "checkpoint now",
-                    f"node {event.node_id} in {event.infra}",
-                    details={"deadline_s": event.deadline_s},
-                )
-                self._checkpoint("a preemption notice")
-        return None
+        if not notices:
+            return None
+        self.session.lost_at_s = self.clock()  # training pauses from here
+        self._checkpoint("a preemption notice")
+        self.session.leaving.update(e.node_id for e in notices)
+        self._log(
+            "moving_off",
+            f"restart from the checkpoint of step {self.state.step} without the noticed nodes",
+            ", ".join(sorted(self.session.leaving)),
+            details={"step": self.state.step, "checkpoint_step": self.state.checkpoint_step},
+        )
+        return Phase.RECOVER
 
     def _lost(self, reason: str) -> Phase:
         self.session.lost_at_s = self.clock()

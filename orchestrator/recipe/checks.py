@@ -497,18 +497,19 @@ def _check_runtime(c: Checker) -> None:
 def _check_local_cloud(c: Checker) -> None:
     local, path = c.recipe.local_cloud, ("local_cloud",)
     steps = c.recipe.training.steps
-    if local.preempt_at_steps and c.recipe.provider != "local":
+    if (local.preempt_at_steps or local.preempt_location_at_steps) and c.recipe.provider != "local":
         c.error(
             path,
             f"applies to the local simulated cloud, not provider {c.recipe.provider}",
             "remove local_cloud, or write provider: local",
         )
-    bad = [k for k in local.preempt_at_steps if not 1 <= k < steps]
-    if bad:
-        c.error(
-            path + ("preempt_at_steps",),
-            f"steps {bad} are outside 1..{steps - 1} (training.steps is {steps})",
-            "list steps the job will reach, e.g. [60]",
-        )
+    for name in ("preempt_at_steps", "preempt_location_at_steps"):
+        bad = [k for k in getattr(local, name) if not 1 <= k < steps]
+        if bad:
+            c.error(
+                path + (name,),
+                f"steps {bad} are outside 1..{steps - 1} (training.steps is {steps})",
+                "list steps the job will reach, e.g. [60]",
+            )
     if local.notice_s <= 0:
         c.error(path + ("notice_s",), f"must be > 0, got {local.notice_s}", "write e.g. 2.0")

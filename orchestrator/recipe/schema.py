@@ -142,6 +142,11 @@ class LocalCloudConfig:
         "steps after which the simulated market takes one of the job's nodes back, e.g. [60]",
         default=(),
     )
+    preempt_location_at_steps: tuple[int, ...] = _help(
+        "steps after which the simulated market takes back every node the job holds in one "
+        "location at once (the location of its first node), e.g. [120]",
+        default=(),
+    )
     notice_s: float = _help(
         "market seconds between a preemption notice and the node's death (> 0)", default=2.0
     )

@@ -114,6 +114,7 @@ class LocalMarket:
         self._walk: dict[tuple[str, str], list[float]] = {}  # hourly price factors per offer
         self._held: dict[str, Holding] = {}
         self._doom: dict[str, float] = {}  # node id -> market time the random model preempts it
+        self._outage_until: dict[str, float] = {}  # infra -> market time its spot capacity returns
 
     # -- what the market offers now ------------------------------------------------------------
 
@@ -131,6 +132,8 @@ class LocalMarket:
                 price = point.spot_usd_per_hour if point.spot_usd_per_hour is not None else price
         elif price is not None:
             price = round(price * self._price_factor(key, now), 4)
+        if self._outage_until.get(offer.infra, float("-inf")) > now:
+            capacity = 0  # a location-wide reclaim: nothing to hand out until it ends
         if capacity is not None:
             capacity = max(0, capacity - self.in_use(offer.infra, offer.instance_type))
         return replace(
@@ -170,6 +173,11 @@ class LocalMarket:
         rate = offer.preemption_rate_per_hour
         if spot and self.trace is None and rate:
             self._doom[node_id] = now + self._rng.expovariate(rate / 3600.0)
+
+    def outage(self, infra: str, *, duration_s: float) -> None:
+        """No capacity in ``infra`` for the next ``duration_s`` market seconds (what a provider
+        reclaiming a whole zone looks like from outside)."""
+        self._outage_until[infra] = self.clock.now_s() + duration_s
 
     def release(self, node_id: str) -> None:
         self._held.pop(node_id, None)

@@ -196,6 +196,21 @@ class LocalProvisioner(Provisioner):
             self._notice(node_id)
         self._ensure_watcher()
 
+    def preempt_location(self, infra: str, *, outage_s: float) -> list[str]:
+        """Take back every running node in ``infra`` at once and offer none there for
+        ``outage_s`` market seconds; returns the nodes noticed."""
+        with self._lock:
+            self.market.outage(infra, duration_s=outage_s)
+            doomed = sorted(
+                n.node_id
+                for n in self._nodes.values()
+                if n.infra == infra and n.state is NodeState.RUNNING
+            )
+            for node_id in doomed:
+                self._notice(node_id)
+        self._ensure_watcher()
+        return doomed
+
     def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
         try:
             events = [

@@ -81,6 +81,18 @@ def test_capacity_counts_nodes_in_use_and_prices_stay_in_their_band():
     assert len({o.spot_usd_per_hour for o in [market.offers()[0]]}) == 1
 
 
+def test_a_location_outage_offers_nothing_there_until_it_ends():
+    clock = ManualClock()
+    market = LocalMarket([_offer(), _offer(zone="sim-us-b")], clock=clock, seed=1)
+    market.outage(US_A, duration_s=600.0)
+    assert market.capacity(US_A, "sim-t4-1") == 0
+    assert market.capacity("local/sim-us/sim-us-b", "sim-t4-1") == 4  # other places untouched
+    clock.t = 599.0
+    assert market.capacity(US_A, "sim-t4-1") == 0
+    clock.t = 600.0
+    assert market.capacity(US_A, "sim-t4-1") == 4
+
+
 def test_trace_capacity_drop_preempts_the_newest_spot_nodes():
     clock = ManualClock()
     trace = Trace({(US_A, "T4"): [TracePoint(0, 4, 0.2), TracePoint(600, 1, 0.3)]})

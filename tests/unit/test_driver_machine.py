@@ -53,6 +53,7 @@ class FakeCloud:
         self.alive_nodes: dict[str, str] = {}  # node id -> infra
         self.events: list = []
         self.launched = 0
+        self.terminated: list[str] = []
 
     def launch(self, request: Request, *, gang: str) -> list[str]:
         if self.capacity.get(request.infra, 0) < request.count:
@@ -69,6 +70,7 @@ class FakeCloud:
 
     def terminate(self, node_ids) -> None:
         for node in node_ids:
+            self.terminated.append(node)
             infra = self.alive_nodes.pop(node, None)
             if infra is not None:
                 self.capacity[infra] += 1
@@ -164,23 +166,44 @@ def test_a_fault_free_run(tmp_path):
     assert StateStore(tmp_path / "job").load().state == state  # persisted as it ended
 
 
-def test_a_notice_checkpoints_and_a_lost_node_restarts_from_it(tmp_path):
+def test_a_notice_checkpoints_and_moves_off_the_node_before_it_goes(tmp_path):
     cloud = FakeCloud({US: 2, EU: 2})
-    script = {
-        7: lambda t: cloud.notice(t.nodes[0]),  # seen before step 8
-        8: lambda t: cloud.kill(t.nodes[0]),  # dies during step 8
-    }
-    trainer = FakeTrainer(cloud, script)
+    noticed: list[str] = []
+
+    def notice(trainer) -> None:
+        noticed.append(trainer.nodes[0])
+        cloud.notice(trainer.nodes[0])  # seen before step 8
+
+    trainer = FakeTrainer(cloud, {7: notice})
     state = make_driver(tmp_path, cloud, trainer).run()
     assert state.phase == "done" and state.recoveries == 1
-    assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]  # as without the loss
+    assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]
     assert 8 in trainer.checkpoints  # the notice's checkpoint, before step 8 ran
-    assert trainer.starts == [None, 8]  # restarted from it: no step lost
+    assert trainer.starts == [None, 8]  # restarted from it
+    assert trainer.steps_run == 20  # no committed step trained twice
+    assert noticed[0] in cloud.terminated  # let go of, not kept for the next plan
     events = list(read_events(tmp_path / "job" / "events.jsonl"))
     kinds = [e["event"] for e in events]
-    assert kinds.count("preemption_notice") == 1 and kinds.count("node_lost") == 1
+    assert kinds.count("preemption_notice") == 1 and kinds.count("moving_off") == 1
+    assert "node_lost" not in kinds
     recovered = [e for e in events if e["event"] == "recovered"]
     assert len(recovered) == 1 and recovered[0]["details"]["recovery_s"] > 0
+
+
+def test_a_noticed_node_that_dies_before_its_checkpoint_rolls_back(tmp_path):
+    cloud = FakeCloud({US: 2, EU: 2})
+
+    def notice_then_die(trainer) -> None:
+        cloud.notice(trainer.nodes[0])
+        cloud.kill(trainer.nodes[0])  # gone before the driver sees the notice
+
+    trainer = FakeTrainer(cloud, {7: notice_then_die})
+    state = make_driver(tmp_path, cloud, trainer).run()
+    assert state.phase == "done" and state.recoveries == 1
+    assert trainer.starts == [None, 5]  # the periodic checkpoint
+    assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]
+    kinds = [e["event"] for e in read_events(tmp_path / "job" / "events.jsonl")]
+    assert "node_lost" in kinds and "moving_off" not in kinds
 
 
 def test_a_loss_without_notice_replays_from_the_periodic_checkpoint(tmp_path):
