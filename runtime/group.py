@@ -15,6 +15,14 @@ from runtime.checkpoint import CheckpointReport, PendingCheckpoint
 from runtime.layout import Layout
 from runtime.reference import TrainConfig
 
+RENDEZVOUS_ATTEMPTS = 3
+
+
+def _port_taken(error: BaseException) -> bool:
+    """Rank 0's store could not listen on the port its rendezvous probed (another process took
+    it in between): worth a new port."""
+    return "EADDRINUSE" in str(error) or "address already in use" in str(error)
+
 
 class WorkerPlacementError(RuntimeError):
     """The cluster cannot hold every worker of the layout where it must run."""
@@ -56,18 +64,31 @@ class WorkerGroup:
                 f"one CPU each and these resources: {', '.join(wanted)} (see ray.cluster_resources())"
             ) from None
         remote = ray.remote(StageWorker)
-        actors = [
-            remote.options(
-                num_cpus=1,
-                scheduling_strategy=PlacementGroupSchedulingStrategy(
-                    placement_group=group, placement_group_bundle_index=rank
-                ),
-            ).remote(layout, rank, config, corpus_bytes)
-            for rank in range(layout.world_size)
-        ]
-        init_method = ray.get(actors[0].rendezvous.remote(), timeout=timeout_s)
-        nodes = ray.get([a.setup.remote(init_method, timeout_s) for a in actors], timeout=timeout_s)
-        return cls(layout, actors, nodes, group)
+        for attempt in range(RENDEZVOUS_ATTEMPTS):
+            actors = [
+                remote.options(
+                    num_cpus=1,
+                    scheduling_strategy=PlacementGroupSchedulingStrategy(
+                        placement_group=group, placement_group_bundle_index=rank
+                    ),
+                ).remote(layout, rank, config, corpus_bytes)
+                for rank in range(layout.world_size)
+            ]
+            try:
+                init_method = ray.get(actors[0].rendezvous.remote(), timeout=timeout_s)
+                setups = [a.setup.remote(init_method, timeout_s) for a in actors]
+                nodes = ray.get(setups, timeout=timeout_s)
+                return cls(layout, actors, nodes, group)
+            except Exception as error:
+                # a failed start must not keep its actors or the gang's slots: the next start
+                # (the driver's retry) would wait for them forever
+                for actor in actors:
+                    ray.kill(actor)
+                if attempt + 1 < RENDEZVOUS_ATTEMPTS and _port_taken(error):
+                    continue  # the probed port was taken before the store listened: new port
+                remove_placement_group(group)
+                raise
+        raise AssertionError("unreachable: the last attempt returns or raises")
 
     def step(self, step: int, *, timeout_s: float = 600.0) -> float:
         """One training step on every worker; the global batch's mean loss."""

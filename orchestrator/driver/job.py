@@ -185,6 +185,10 @@ def _driver(recipe, catalog, provisioner, store, state, options: RunOptions) -> 
             steps=recipe.training.steps,
             checkpoint_every_steps=recipe.checkpointing.every_steps,
             budget_usd=recipe.objective.budget_usd,
+            # look for a better plan at each periodic checkpoint (a move then loses nothing)
+            replan_every_steps=recipe.checkpointing.every_steps,
+            samples_per_step=recipe.training.global_batch_size,
+            goal=recipe.objective.goal,
         ),
         state=state,
         on_step=on_step,

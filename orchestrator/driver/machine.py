@@ -116,6 +116,12 @@ class DriverConfig:
     checkpoint_every_steps: int
     budget_usd: float | None = None
     max_recoveries: int = 50
+    # plan switching: every this many steps, ask the market for the best plan now (None: never)
+    replan_every_steps: int | None = None
+    samples_per_step: int = 1  # the global batch
+    goal: str = "max_throughput"  # what a switch must gain: time, or dollars with "min_cost"
+    switch_margin: float = 2.0  # the gain must beat this many times the move's cost
+    migration_s: float = 15.0  # a move's pause before one is measured (then: their median)
 
 
 @dataclass
@@ -126,6 +132,9 @@ class _Session:
     nodes: dict[str, Request] = field(default_factory=dict)  # node id -> what it was launched as
     excluded: set[str] = field(default_factory=set)
     lost_at_s: float | None = None  # when the node loss (or the notice) under recovery happened
+    pause_event: str = "recovered"  # what the first step after the pause logs: or "switched"
+    pauses_s: list[float] = field(default_factory=list)  # measured pauses (recoveries, switches)
+    declined: set[str] = field(default_factory=set)  # better plans seen and not worth a move
     leaving: set[str] = field(default_factory=set)  # noticed nodes to let go of when recovering
     step_from_s: float = 0.0  # when the step being trained began
     billed_at_s: float = 0.0
@@ -277,6 +286,9 @@ class Driver:
             self._commit(self.trainer.step(self.state.step))
             if self._over_budget():
                 return Phase.DONE
+            phase = self._reconsider()
+            if phase is not None:
+                return phase
             if self.stop_requested():
                 self._checkpoint("a stop request")
                 self._finish()
@@ -343,6 +355,63 @@ class Driver:
         )
         return Phase.RECOVER
 
+    def _reconsider(self) -> Phase | None:
+        """Every ``replan_every_steps``: is there a better plan on the market now (capacity back,
+        prices moved)? Move to it only when what it gains over the rest of the job beats the move's
+        cost (a pause as long as this job's recoveries, times ``switch_margin``); the move
+        checkpoints the step just committed, so it loses nothing."""
+        every, current = self.config.replan_every_steps, self.session.choice
+        if not every or self.state.step % every or self.state.step >= self.config.steps:
+            return None
+        assert current is not None
+        try:
+            best = self.plans.choose(excluded=frozenset(), held=self._held_by_place())
+        except UserError:
+            return None  # nothing feasible now: keep what runs
+        if best.summary == current.summary:
+            return None
+        gain, cost, unit = self._switch_gain(current, best)
+        if gain <= self.config.switch_margin * cost:
+            if best.summary not in self.session.declined:  # said once per plan
+                self.session.declined.add(best.summary)
+                self._log(
+                    "plan_kept",
+                    "keep the current plan",
+                    f"the better plan gains {gain:.3g} {unit} over the rest of the job, moving "
+                    f"costs ~{cost:.3g} {unit} (x{self.config.switch_margin:g} margin)",
+                    plan_before=current.summary,
+                    plan_after=best.summary,
+                )
+            return None
+        self._checkpoint("a plan switch")
+        self.trainer.stop()
+        self.session.lost_at_s, self.session.pause_event = self.clock(), "switched"
+        self.session.choice = best
+        self.session.declined.clear()
+        self._log(
+            "switching",
+            "checkpoint, stop the workers, launch the new plan and resume",
+            f"gains {gain:.3g} {unit} over the rest of the job, moving costs ~{cost:.3g} {unit}",
+            plan_before=current.summary,
+            plan_after=best.summary,
+            details={"step": self.state.step},
+        )
+        self._save(plan=best.plan)
+        return Phase.LAUNCH
+
+    def _switch_gain(self, current: Choice, best: Choice) -> tuple[float, float, str]:
+        """(gain, cost, unit) of moving to ``best``: seconds to finish with goal max_throughput,
+        else dollars to finish (compute at the plans' $/h)."""
+        left = (self.config.steps - self.state.step) * self.config.samples_per_step
+        pauses = sorted(self.session.pauses_s)
+        pause_s = pauses[len(pauses) // 2] if pauses else self.config.migration_s
+        finish_now, finish_best = left / current.samples_per_s, left / best.samples_per_s
+        if self.config.goal == "min_cost":
+            usd_now = finish_now * current.usd_per_hour / 3600
+            usd_best = finish_best * best.usd_per_hour / 3600
+            return usd_now - usd_best, pause_s * current.usd_per_hour / 3600, "$"
+        return finish_now - finish_best, pause_s, "s"
+
     def _lost(self, reason: str) -> Phase:
         self.session.lost_at_s = self.clock()
         self._log(
@@ -383,10 +452,12 @@ class Driver:
         if self.session.lost_at_s is not None:
             recovery_s = now - self.session.lost_at_s
             self.session.lost_at_s = None
+            self.session.pauses_s.append(recovery_s)
+            event, self.session.pause_event = self.session.pause_event, "recovered"
             self._log(
-                "recovered",
+                event,
                 "train",
-                "first step after the loss",
+                "first step after the " + ("loss" if event == "recovered" else "move"),
                 details={"recovery_s": recovery_s},
             )
         if self.state.step % self.config.checkpoint_every_steps == 0:

@@ -121,6 +121,26 @@ def test_a_layout_the_cluster_cannot_hold_fails_fast_and_says_why(ray_cluster):
 
 
 @pytest.mark.integration
+def test_a_start_that_fails_in_setup_frees_its_slots(ray_cluster):
+    """A worker failing in setup must not leave actors or the gang's placement group behind: the
+    next start (the driver's retry) would wait for slots nobody will free."""
+    import dataclasses
+
+    from runtime.group import WorkerGroup
+
+    # all four of A1's slots: a leaked gang would leave none for the second start
+    layout = layout_from_plan(_plan([(0, 6)], [A1] * 4), model="gpt-tiny")
+    broken = dataclasses.replace(layout, model="no-such-model")  # every worker's setup fails
+    with pytest.raises(Exception, match="no-such-model"):
+        WorkerGroup.start(broken, CONFIG, corpus_bytes=CORPUS_BYTES, timeout_s=30)
+    group = WorkerGroup.start(layout, CONFIG, corpus_bytes=CORPUS_BYTES, timeout_s=20)
+    try:
+        assert group.step(0) > 0
+    finally:
+        group.shutdown()
+
+
+@pytest.mark.integration
 @pytest.mark.parametrize(
     ("layers", "places", "floor_s"),
     [

@@ -126,7 +126,7 @@ class FakeTrainer:
         self.nodes = []
 
 
-def make_driver(tmp_path, cloud, trainer, *, steps=20, every=5, plans=None, budget=None):
+def make_driver(tmp_path, cloud, trainer, *, steps=20, every=5, plans=None, budget=None, **config):
     store = StateStore(tmp_path / "job")
     state = (
         store.load().state
@@ -142,7 +142,7 @@ def make_driver(tmp_path, cloud, trainer, *, steps=20, every=5, plans=None, budg
         plans=plans or FakePlans(),
         cloud=cloud,
         trainer=trainer,
-        config=DriverConfig(steps=steps, checkpoint_every_steps=every, budget_usd=budget),
+        config=DriverConfig(steps=steps, checkpoint_every_steps=every, budget_usd=budget, **config),
         state=state,
         clock=lambda: float(next(clock)),
     )
@@ -326,3 +326,76 @@ def test_a_node_lost_while_checkpointing_is_a_recovery_too(tmp_path):
     assert state.phase == "done" and state.recoveries == 1
     assert trainer.starts == [None, 5]  # back to the checkpoint before the failed one
     assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]
+
+
+class CapacityPlans(FakePlans):
+    """US when the cloud has room for two nodes there (its own held ones count), at twice EU's
+    rate; else EU."""
+
+    def __init__(self, cloud: FakeCloud, us_rate: float = 20.0) -> None:
+        super().__init__()
+        self.cloud, self.us_rate = cloud, us_rate
+
+    def choose(self, *, excluded: frozenset[str], held: dict[str, int]) -> Choice:
+        self.asked.append(excluded)
+        room = self.cloud.capacity.get(US, 0) + held.get(US, 0)
+        place, rate = (US, self.us_rate) if room >= 2 and US not in excluded else (EU, 10.0)
+        request = Request(infra=place, gpu="T4", count=2, spot=True, usd_per_node_hour=0.5)
+        return Choice(
+            plan={"place": place},
+            summary=f"2 x T4 in {place}",
+            requests=(request,),
+            samples_per_s=rate,
+            usd_per_hour=1.0,
+        )
+
+
+def test_capacity_coming_back_switches_plans_when_the_gain_beats_the_move(tmp_path):
+    cloud = FakeCloud({US: 0, EU: 2})  # no room in the better place at first
+    trainer = FakeTrainer(cloud, {8: lambda t: cloud.capacity.update({US: 2})})
+    driver = make_driver(
+        tmp_path,
+        cloud,
+        trainer,
+        steps=40,
+        plans=CapacityPlans(cloud),
+        replan_every_steps=5,
+        samples_per_step=100,
+    )
+    state = driver.run()
+    assert state.phase == "done" and state.step == 40 and state.recoveries == 0
+    assert list(state.losses) == [1.0 / (k + 1) for k in range(40)]
+    assert trainer.steps_run == 40  # the move lost nothing
+    assert trainer.starts == [None, 10]  # restarted from the checkpoint of the move
+    events = list(read_events(tmp_path / "job" / "events.jsonl"))
+    (switch,) = [e for e in events if e["event"] == "switching"]
+    assert switch["plan_before"] == f"2 x T4 in {EU}" and switch["plan_after"] == f"2 x T4 in {US}"
+    assert switch["details"]["step"] == 10  # the first look after the capacity came back
+    assert [e for e in events if e["event"] == "switched"][0]["details"]["recovery_s"] > 0
+    assert set(cloud.terminated) >= {"n1", "n2"}  # the EU nodes let go of
+
+
+def test_a_small_gain_keeps_the_plan_and_says_why_once(tmp_path):
+    cloud = FakeCloud({US: 0, EU: 2})
+    trainer = FakeTrainer(cloud, {8: lambda t: cloud.capacity.update({US: 2})})
+    driver = make_driver(
+        tmp_path,
+        cloud,
+        trainer,
+        steps=40,
+        plans=CapacityPlans(cloud, us_rate=10.5),  # 5% faster: 14 s saved vs 2 x 15 s to move
+        replan_every_steps=5,
+        samples_per_step=100,
+    )
+    state = driver.run()
+    assert state.phase == "done" and trainer.starts == [None]
+    kinds = names(tmp_path)
+    assert "switching" not in kinds and kinds.count("plan_kept") == 1
+
+
+def test_no_replanning_unless_asked(tmp_path):
+    cloud = FakeCloud({US: 0, EU: 2})
+    trainer = FakeTrainer(cloud, {8: lambda t: cloud.capacity.update({US: 2})})
+    plans = CapacityPlans(cloud)
+    make_driver(tmp_path, cloud, trainer, steps=40, plans=plans, samples_per_step=100).run()
+    assert len(plans.asked) == 1 and trainer.starts == [None]
