@@ -350,19 +350,21 @@ class CapacityPlans(FakePlans):
         )
 
 
-def test_capacity_coming_back_switches_plans_when_the_gain_beats_the_move(tmp_path):
-    cloud = FakeCloud({US: 0, EU: 2})  # no room in the better place at first
+def _capacity_returns_at_step_8(tmp_path, *, us_rate: float, **config):
+    """EU first (no room in US); at step 8 US has room again, at ``us_rate`` samples/s."""
+    cloud = FakeCloud({US: 0, EU: 2})
     trainer = FakeTrainer(cloud, {8: lambda t: cloud.capacity.update({US: 2})})
+    plans = CapacityPlans(cloud, us_rate=us_rate)
     driver = make_driver(
-        tmp_path,
-        cloud,
-        trainer,
-        steps=40,
-        plans=CapacityPlans(cloud),
-        replan_every_steps=5,
-        samples_per_step=100,
+        tmp_path, cloud, trainer, steps=40, plans=plans, samples_per_step=100, **config
     )
-    state = driver.run()
+    return driver.run(), trainer, cloud, plans
+
+
+def test_capacity_coming_back_switches_plans_when_the_gain_beats_the_move(tmp_path):
+    state, trainer, cloud, _ = _capacity_returns_at_step_8(
+        tmp_path, us_rate=20.0, replan_every_steps=5
+    )
     assert state.phase == "done" and state.step == 40 and state.recoveries == 0
     assert list(state.losses) == [1.0 / (k + 1) for k in range(40)]
     assert trainer.steps_run == 40  # the move lost nothing
@@ -376,26 +378,13 @@ def test_capacity_coming_back_switches_plans_when_the_gain_beats_the_move(tmp_pa
 
 
 def test_a_small_gain_keeps_the_plan_and_says_why_once(tmp_path):
-    cloud = FakeCloud({US: 0, EU: 2})
-    trainer = FakeTrainer(cloud, {8: lambda t: cloud.capacity.update({US: 2})})
-    driver = make_driver(
-        tmp_path,
-        cloud,
-        trainer,
-        steps=40,
-        plans=CapacityPlans(cloud, us_rate=10.5),  # 5% faster: 14 s saved vs 2 x 15 s to move
-        replan_every_steps=5,
-        samples_per_step=100,
-    )
-    state = driver.run()
+    # 5% faster: 14 s saved over the 30 steps left, against 2 x 15 s to move
+    state, trainer, _, _ = _capacity_returns_at_step_8(tmp_path, us_rate=10.5, replan_every_steps=5)
     assert state.phase == "done" and trainer.starts == [None]
     kinds = names(tmp_path)
     assert "switching" not in kinds and kinds.count("plan_kept") == 1
 
 
 def test_no_replanning_unless_asked(tmp_path):
-    cloud = FakeCloud({US: 0, EU: 2})
-    trainer = FakeTrainer(cloud, {8: lambda t: cloud.capacity.update({US: 2})})
-    plans = CapacityPlans(cloud)
-    make_driver(tmp_path, cloud, trainer, steps=40, plans=plans, samples_per_step=100).run()
+    _, trainer, _, plans = _capacity_returns_at_step_8(tmp_path, us_rate=20.0)
     assert len(plans.asked) == 1 and trainer.starts == [None]
