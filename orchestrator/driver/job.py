@@ -29,6 +29,7 @@ from orchestrator.recipe.schema import Recipe
 
 JOBS_DIR = Path(".orchestrator/jobs")
 STOP_FILE = "stop.request"
+CAPACITY_WAIT_S = 300.0  # after a loss, how long to wait for the market to have room again
 LOCATION_OUTAGE_S = 3600.0  # market seconds a location preempted as a whole offers nothing
 METRICS_FILE = "metrics.jsonl"
 
@@ -189,6 +190,7 @@ def _driver(recipe, catalog, provisioner, store, state, options: RunOptions) -> 
             replan_every_steps=recipe.checkpointing.every_steps,
             samples_per_step=recipe.training.global_batch_size,
             goal=recipe.objective.goal,
+            capacity_wait_s=CAPACITY_WAIT_S,
         ),
         state=state,
         on_step=on_step,

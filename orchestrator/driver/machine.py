@@ -122,6 +122,9 @@ class DriverConfig:
     goal: str = "max_throughput"  # what a switch must gain: time, or dollars with "min_cost"
     switch_margin: float = 2.0  # the gain must beat this many times the move's cost
     migration_s: float = 15.0  # a move's pause before one is measured (then: their median)
+    # once training began, how long to wait for the market to offer a plan again (0: stop at once)
+    capacity_wait_s: float = 0.0
+    capacity_poll_s: float = 5.0  # each look waits this long for the provider's next event
 
 
 @dataclass
@@ -135,6 +138,7 @@ class _Session:
     pause_event: str = "recovered"  # what the first step after the pause logs: or "switched"
     pauses_s: list[float] = field(default_factory=list)  # measured pauses (recoveries, switches)
     declined: set[str] = field(default_factory=set)  # better plans seen and not worth a move
+    waiting_since_s: float | None = None  # when planning found no room (after training began)
     leaving: set[str] = field(default_factory=set)  # noticed nodes to let go of when recovering
     step_from_s: float = 0.0  # when the step being trained began
     billed_at_s: float = 0.0
@@ -197,6 +201,8 @@ class Driver:
             )
         except UserError as error:
             reason = error.message + (f" (to fix: {error.fix})" if error.fix else "")
+            if self.state.step > 0 and self._wait_for_capacity(reason):
+                return Phase.PLAN
             self._log("no_plan", "stop; the job's state and checkpoints are kept", reason)
             return Phase.FAILED
         self.session.choice = choice
@@ -263,6 +269,7 @@ class Driver:
                 losses=self.state.losses[:resumed],
                 checkpoint_step=resumed or None,
             )
+        self.session.waiting_since_s = None  # running again: a later squeeze waits afresh
         self._log(
             "started",
             "train",
@@ -354,6 +361,28 @@ class Driver:
             details={"step": self.state.step, "checkpoint_step": self.state.checkpoint_step},
         )
         return Phase.RECOVER
+
+    def _wait_for_capacity(self, reason: str) -> bool:
+        """After training began, a market with no room now may get some back (a zone's outage
+        ends, prices fall under the budget): wait up to ``capacity_wait_s``, watching the
+        provider's events, then plan again. False when the wait is over (or not wanted)."""
+        limit, now = self.config.capacity_wait_s, self.clock()
+        if self.session.waiting_since_s is None:
+            if limit <= 0:
+                return False
+            self.session.waiting_since_s = now
+            self._log(
+                "waiting_for_capacity",
+                f"look at the market again for up to {limit:g} s, then stop",
+                reason,
+                details={"step": self.state.step},
+            )
+        if now - self.session.waiting_since_s >= limit:
+            self.session.waiting_since_s = None
+            return False
+        self.cloud.poll_events(timeout_s=self.config.capacity_poll_s)  # early on any event
+        self.session.excluded.clear()  # places that refused may have room again
+        return True
 
     def _reconsider(self) -> Phase | None:
         """Every ``replan_every_steps``: is there a better plan on the market now (capacity back,

@@ -54,6 +54,8 @@ class FakeCloud:
         self.events: list = []
         self.launched = 0
         self.terminated: list[str] = []
+        self.polls = 0
+        self.returns: dict[str, tuple[int, int]] = {}  # place -> (at poll number, capacity)
 
     def launch(self, request: Request, *, gang: str) -> list[str]:
         if self.capacity.get(request.infra, 0) < request.count:
@@ -79,6 +81,11 @@ class FakeCloud:
         return {n for n in node_ids if n in self.alive_nodes}
 
     def poll_events(self, *, timeout_s: float = 0.0) -> list:
+        self.polls += 1
+        for place, (after, count) in list(self.returns.items()):
+            if self.polls >= after:  # capacity a test scheduled to come back
+                self.capacity[place] = count
+                del self.returns[place]
         events, self.events = self.events, []
         return events
 
@@ -388,3 +395,34 @@ def test_a_small_gain_keeps_the_plan_and_says_why_once(tmp_path):
 def test_no_replanning_unless_asked(tmp_path):
     _, trainer, _, plans = _capacity_returns_at_step_8(tmp_path, us_rate=20.0)
     assert len(plans.asked) == 1 and trainer.starts == [None]
+
+
+def _lose_all_room_at_step_7(tmp_path, *, come_back_after_polls: int, wait_s: float):
+    """Two nodes in US, the only place; at step 7 one dies and US has no room left."""
+    cloud = FakeCloud({US: 2})
+
+    def squeeze(trainer) -> None:
+        cloud.capacity[US] = -1  # the dead node's slot is not given back either
+        cloud.returns[US] = (cloud.polls + come_back_after_polls, 2)
+        cloud.kill(trainer.nodes[0])
+
+    trainer = FakeTrainer(cloud, {7: squeeze})
+    driver = make_driver(
+        tmp_path, cloud, trainer, plans=FakePlans(places=(US,)), capacity_wait_s=wait_s
+    )
+    return driver.run(), trainer
+
+
+def test_no_room_after_a_loss_waits_for_the_market_and_resumes(tmp_path):
+    state, trainer = _lose_all_room_at_step_7(tmp_path, come_back_after_polls=5, wait_s=60)
+    assert state.phase == "done" and state.step == 20
+    assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]
+    kinds = names(tmp_path)
+    assert kinds.count("waiting_for_capacity") == 1 and "no_plan" not in kinds
+
+
+def test_no_room_for_longer_than_the_wait_stops_and_keeps_the_job(tmp_path):
+    state, _ = _lose_all_room_at_step_7(tmp_path, come_back_after_polls=10**6, wait_s=20)
+    assert state.phase == "failed" and state.step == 5  # back at its checkpoint, kept
+    kinds = names(tmp_path)
+    assert kinds.index("waiting_for_capacity") < kinds.index("no_plan")
