@@ -179,7 +179,12 @@ def _driver(recipe, catalog, provisioner, store, state, options: RunOptions) -> 
     driver = Driver(
         store=store,
         events=EventLog(store.folder / "events.jsonl"),
-        plans=MarketPlans(recipe, catalog, provisioner),
+        plans=MarketPlans(
+            recipe,
+            catalog,
+            provisioner,
+            progress=lambda: (driver.state.step, time.time() - driver.state.started_at_s),
+        ),
         cloud=ProvisionerCloud(provisioner),
         trainer=trainer,
         config=DriverConfig(
@@ -191,6 +196,7 @@ def _driver(recipe, catalog, provisioner, store, state, options: RunOptions) -> 
             samples_per_step=recipe.training.global_batch_size,
             goal=recipe.objective.goal,
             capacity_wait_s=CAPACITY_WAIT_S,
+            deadline_s=recipe.objective.deadline_h * 3600 if recipe.objective.deadline_h else None,
         ),
         state=state,
         on_step=on_step,

@@ -125,6 +125,7 @@ class DriverConfig:
     # once training began, how long to wait for the market to offer a plan again (0: stop at once)
     capacity_wait_s: float = 0.0
     capacity_poll_s: float = 5.0  # each look waits this long for the provider's next event
+    deadline_s: float | None = None  # the recipe's deadline, seconds after the job began
 
 
 @dataclass
@@ -160,12 +161,14 @@ class Driver:
         config: DriverConfig,
         state: JobState,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
         on_step: Callable[[JobState, StepResult], None] | None = None,
         stop_requested: Callable[[], bool] = lambda: False,
     ) -> None:
         self.store, self.events, self.plans = store, events, plans
         self.cloud, self.trainer, self.config = cloud, trainer, config
         self.clock, self.on_step, self.stop_requested = clock, on_step, stop_requested
+        self.wall = wall  # Unix time, for the deadline (the job began at state.started_at_s)
         self.state = state
         self.session = _Session()
         self.handlers = {
@@ -400,6 +403,9 @@ class Driver:
         if best.summary == current.summary:
             return None
         gain, cost, unit = self._switch_gain(current, best)
+        needed = self._deadline_floor()
+        if needed is not None and current.samples_per_s < needed <= best.samples_per_s:
+            gain, unit = float("inf"), f"{unit} (the current plan misses the deadline)"
         if gain <= self.config.switch_margin * cost:
             if best.summary not in self.session.declined:  # said once per plan
                 self.session.declined.add(best.summary)
@@ -427,6 +433,14 @@ class Driver:
         )
         self._save(plan=best.plan)
         return Phase.LAUNCH
+
+    def _deadline_floor(self) -> float | None:
+        """Samples/s the rest of the job needs to finish by the deadline (None: no deadline)."""
+        if self.config.deadline_s is None:
+            return None
+        left_s = self.config.deadline_s - (self.wall() - self.state.started_at_s)
+        samples = (self.config.steps - self.state.step) * self.config.samples_per_step
+        return samples / max(left_s, 60.0)
 
     def _switch_gain(self, current: Choice, best: Choice) -> tuple[float, float, str]:
         """(gain, cost, unit) of moving to ``best``: seconds to finish with goal max_throughput,

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -40,8 +41,18 @@ def describe(plan: Plan) -> str:
 
 
 class MarketPlans:
-    def __init__(self, recipe: Recipe, catalog: Catalog, provisioner: Provisioner) -> None:
+    def __init__(
+        self,
+        recipe: Recipe,
+        catalog: Catalog,
+        provisioner: Provisioner,
+        *,
+        progress: Callable[[], tuple[int, float]] | None = None,
+    ) -> None:
+        """``progress``: (steps committed, seconds since the job began), so that a deadline's
+        throughput floor is what the rest of the job needs in the time left."""
         self.recipe, self.catalog, self.provisioner = recipe, catalog, provisioner
+        self.progress = progress
 
     def choose(self, *, excluded: frozenset[str], held: dict[str, int]) -> Choice:
         from orchestrator.planner import plan_recipe
@@ -49,7 +60,7 @@ class MarketPlans:
         market = self.market(held)
         constraints = self.recipe.constraints
         recipe = replace(
-            self.recipe,
+            self._with_deadline_left(),
             constraints=replace(
                 constraints,
                 exclude_locations=tuple(sorted({*constraints.exclude_locations, *excluded})),
@@ -70,6 +81,23 @@ class MarketPlans:
             requests=tuple(requests_for(best.plan, market)),
             samples_per_s=best.estimate.samples_per_s,
             usd_per_hour=best.estimate.cost_per_hour_usd,
+        )
+
+    def _with_deadline_left(self) -> Recipe:
+        """The recipe with its deadline turned into the floor the remaining steps need now."""
+        objective, training = self.recipe.objective, self.recipe.training
+        if not objective.deadline_h or self.progress is None:
+            return self.recipe
+        done, elapsed_s = self.progress()
+        if done == 0 and elapsed_s <= 0:
+            return self.recipe
+        left_s = objective.deadline_h * 3600 - elapsed_s
+        samples = (training.steps - done) * training.global_batch_size
+        # past the deadline, ask for what finishing in one more minute would take: the fastest
+        floor = samples / max(left_s, 60.0)
+        return replace(
+            self.recipe,
+            objective=replace(objective, deadline_h=None, min_throughput_samples_per_s=floor),
         )
 
     def market(self, held: dict[str, int]) -> OfferTable:

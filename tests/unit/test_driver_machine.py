@@ -4,6 +4,8 @@ a budget, and a driver that dies and is restarted from its persisted state."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from orchestrator.driver.events import read_events
@@ -426,3 +428,28 @@ def test_no_room_for_longer_than_the_wait_stops_and_keeps_the_job(tmp_path):
     assert state.phase == "failed" and state.step == 5  # back at its checkpoint, kept
     kinds = names(tmp_path)
     assert kinds.index("waiting_for_capacity") < kinds.index("no_plan")
+
+
+def test_a_plan_that_would_miss_the_deadline_is_left_even_at_a_higher_price(tmp_path):
+    """Goal min_cost: the dearer US plan (20 samples/s at $4/h) costs more to finish than EU's
+    (10 samples/s at $1/h), but 30 steps x 100 samples left in 200 s need 15 samples/s."""
+
+    class DearUS(CapacityPlans):
+        def choose(self, *, excluded, held) -> Choice:
+            choice = super().choose(excluded=excluded, held=held)
+            return replace(choice, usd_per_hour=4.0) if US in choice.summary else choice
+
+    cloud = FakeCloud({US: 0, EU: 2})
+    trainer = FakeTrainer(cloud, {8: lambda t: cloud.capacity.update({US: 2})})
+    common = dict(steps=40, samples_per_step=100, replan_every_steps=5, goal="min_cost")
+    for deadline_s, switches in ((10**6, 0), (220.0, 1)):
+        folder = tmp_path / str(switches)
+        cloud.capacity.update({US: 0, EU: 2})
+        trainer.script = {8: lambda t: cloud.capacity.update({US: 2})}
+        driver = make_driver(
+            folder, cloud, trainer, plans=DearUS(cloud), deadline_s=deadline_s, **common
+        )
+        driver.wall = lambda d=driver: d.state.started_at_s + 20.0  # 20 s into the job
+        state = driver.run()
+        assert state.phase == "done"
+        assert names(folder).count("switching") == switches
