@@ -78,9 +78,10 @@ class _Progress:
             return
         eta = (state.steps_total - state.step) / rate if rate else float("nan")
         spent = state.compute_usd + state.egress_usd
+        samples_per_s = rate * state.global_batch_size
         line = (
-            f"step {state.step}/{state.steps_total}  loss {result.loss:.4f}  {rate:.2f} steps/s  "
-            f"${spent:.5f} spent  ETA {eta:.0f} s"
+            f"step {state.step}/{state.steps_total}  loss {result.loss:.4f}  "
+            f"{samples_per_s:,.0f} samples/s  ${spent:.5f} spent  ETA {eta:.0f} s"
         )
         print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr)
 

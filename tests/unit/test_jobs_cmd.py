@@ -70,3 +70,18 @@ def test_stop_leaves_a_request_for_a_running_job_only(tmp_path, capsys):
 def test_an_unknown_job_is_a_user_error(tmp_path, capsys):
     assert main(["logs", "nope", "--jobs-dir", str(tmp_path)]) == 2
     assert "no job 'nope'" in capsys.readouterr().err
+
+
+def test_the_progress_line_shows_step_loss_samples_per_s_spend_and_eta(capsys, monkeypatch):
+    from orchestrator.cli import submit_cmd
+    from orchestrator.driver.machine import StepResult
+
+    ticks = iter([100.0, 102.0])  # 10 steps in 2 s
+    monkeypatch.setattr(submit_cmd.time, "monotonic", lambda: next(ticks))
+    progress = submit_cmd._Progress(quiet=False)
+    base = JobState(job="j", recipe_path="r.yaml", phase="train", steps_total=40)
+    base = base.evolve(global_batch_size=16, compute_usd=0.25, egress_usd=0.05)
+    progress.show(base.evolve(step=10), StepResult(loss=3.5))
+    progress.show(base.evolve(step=20), StepResult(loss=3.25))
+    line = capsys.readouterr().err.strip().splitlines()[-1].split("\r")[-1]
+    assert line == "step 20/40  loss 3.2500  80 samples/s  $0.30000 spent  ETA 4 s"
