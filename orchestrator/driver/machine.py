@@ -145,6 +145,12 @@ class _Session:
     billed_at_s: float = 0.0
 
 
+def deadline_rate(*, samples_left: float, seconds_left: float) -> float:
+    """Samples/s that finish ``samples_left`` in ``seconds_left``; past (or at) the deadline, what
+    finishing in one more minute takes: as fast as the market allows."""
+    return samples_left / max(seconds_left, 60.0)
+
+
 def _same_kind(a: Request, b: Request) -> bool:
     return (a.infra, a.gpu, a.spot, a.instance_type) == (b.infra, b.gpu, b.spot, b.instance_type)
 
@@ -403,17 +409,18 @@ class Driver:
         if best.summary == current.summary:
             return None
         gain, cost, unit = self._switch_gain(current, best)
+        why = f"gains {gain:.3g} {unit} over the rest of the job, moving costs ~{cost:.3g} {unit}"
         needed = self._deadline_floor()
-        if needed is not None and current.samples_per_s < needed <= best.samples_per_s:
-            gain, unit = float("inf"), f"{unit} (the current plan misses the deadline)"
-        if gain <= self.config.switch_margin * cost:
+        misses = needed is not None and current.samples_per_s < needed <= best.samples_per_s
+        if misses:
+            why = f"the current plan misses the deadline (needs {needed:.3g} samples/s); " + why
+        if not misses and gain <= self.config.switch_margin * cost:
             if best.summary not in self.session.declined:  # said once per plan
                 self.session.declined.add(best.summary)
                 self._log(
                     "plan_kept",
                     "keep the current plan",
-                    f"the better plan gains {gain:.3g} {unit} over the rest of the job, moving "
-                    f"costs ~{cost:.3g} {unit} (x{self.config.switch_margin:g} margin)",
+                    f"the better plan {why} (x{self.config.switch_margin:g} margin)",
                     plan_before=current.summary,
                     plan_after=best.summary,
                 )
@@ -426,7 +433,7 @@ class Driver:
         self._log(
             "switching",
             "checkpoint, stop the workers, launch the new plan and resume",
-            f"gains {gain:.3g} {unit} over the rest of the job, moving costs ~{cost:.3g} {unit}",
+            why,
             plan_before=current.summary,
             plan_after=best.summary,
             details={"step": self.state.step},
@@ -438,9 +445,10 @@ class Driver:
         """Samples/s the rest of the job needs to finish by the deadline (None: no deadline)."""
         if self.config.deadline_s is None:
             return None
-        left_s = self.config.deadline_s - (self.wall() - self.state.started_at_s)
-        samples = (self.config.steps - self.state.step) * self.config.samples_per_step
-        return samples / max(left_s, 60.0)
+        return deadline_rate(
+            samples_left=(self.config.steps - self.state.step) * self.config.samples_per_step,
+            seconds_left=self.config.deadline_s - (self.wall() - self.state.started_at_s),
+        )
 
     def _switch_gain(self, current: Choice, best: Choice) -> tuple[float, float, str]:
         """(gain, cost, unit) of moving to ``best``: seconds to finish with goal max_throughput,

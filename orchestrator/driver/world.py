@@ -23,7 +23,14 @@ import yaml
 
 from orchestrator.catalog import Catalog
 from orchestrator.catalog.offers import OfferTable
-from orchestrator.driver.machine import CapacityRefused, Choice, Request, StepResult, WorkersLost
+from orchestrator.driver.machine import (
+    CapacityRefused,
+    Choice,
+    Request,
+    StepResult,
+    WorkersLost,
+    deadline_rate,
+)
 from orchestrator.errors import UserError
 from orchestrator.market import convert_offers
 from orchestrator.plan import Plan, parse_plan
@@ -91,10 +98,10 @@ class MarketPlans:
         done, elapsed_s = self.progress()
         if done == 0 and elapsed_s <= 0:
             return self.recipe
-        left_s = objective.deadline_h * 3600 - elapsed_s
-        samples = (training.steps - done) * training.global_batch_size
-        # past the deadline, ask for what finishing in one more minute would take: the fastest
-        floor = samples / max(left_s, 60.0)
+        floor = deadline_rate(
+            samples_left=(training.steps - done) * training.global_batch_size,
+            seconds_left=objective.deadline_h * 3600 - elapsed_s,
+        )
         return replace(
             self.recipe,
             objective=replace(objective, deadline_h=None, min_throughput_samples_per_s=floor),
