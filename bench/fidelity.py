@@ -1,22 +1,23 @@
 """Fidelity: profile -> simulate -> run. Does the simulator predict what the runtime does?
 
-Usage: python bench/fidelity.py [--model gpt-mini] [--steps 6] [--warmup-steps 2] [--rounds 3]
-                               [--quick] [--profile-once] [--phases] [--only TEXT ...]
+Usage: python bench/fidelity.py [--model gpt-mini] [--chunks 4] [--steps 3] [--warmup-steps 2]
+                               [--rounds 3] [--profile-repeats 6] [--quick] [--phases]
+                               [--only TEXT ...]
 
 1. Profile the model on this machine (runtime/profiler.py, one thread: one worker's CPU slot stands
    in for a T4 of the local simulated cloud), with as many profilers at once as the layout has
-   workers (``--profile-copies``), in Ray worker processes started together, so each slot is
-   measured as busy as it is in training (each layer's figures: the mean over the copies). The
-   profile is taken again right before each layout runs: this shared VM's speed drifts by up to
-   ~10% over minutes, which would otherwise be read as the model's error (``--profile-once``
-   profiles once per worker count, as a user would).
-2. For each layout (data parallel, pipeline, with and without emulated cross-zone / cross-region
-   links, latency-aware warm-up, fp16/int8 compression of the cross-region hop), predict the iteration time with the simulator on that measured
-   profile and the catalog's network, exactly as `simulate` does.
-3. Run it: the runtime's Ray actor group on a local Ray cluster, with the layout's links emulated
-   at the latency and bandwidth the simulator assumed; the median step time after warm-up steps,
-   and each worker's peak tensor memory (runtime/memory.py) against the simulator's peak less its
-   per-GPU framework overhead.
+   workers (``--profile-copies``), in Ray worker processes, so each slot is measured as busy as it
+   is in training (each layer's figures: the mean over the copies).
+2. Run the layout (data parallel, pipeline, with and without emulated cross-zone / cross-region
+   links, latency-aware warm-up, fp16/int8 compression of the cross-region hop): the runtime's Ray
+   actor group on a local Ray cluster, its links emulated at the latency and bandwidth the
+   simulator assumes. Profiling and training take turns: a measurement, the warm-up steps, then
+   ``--chunks`` times (``--steps`` timed steps, a measurement). This shared VM's speed drifts by
+   up to ~15% within a minute; taken in turn, the profile and the steps see the same drift.
+3. Predict the iteration time with the simulator on the mean of that layout's measurements and
+   the catalog's network, exactly as `simulate` does, against the mean timed step; and each
+   worker's peak tensor memory (runtime/memory.py) against the simulator's peak less its per-GPU
+   framework overhead.
 4. Do it all ``--rounds`` times and report per layout the median error over rounds.
 
 Layouts use at most two workers: this VM has 2 cores, and the simulator assumes each worker owns
@@ -82,39 +83,51 @@ def build_plan(
     return plan
 
 
-def _profile_once(model: str, microbatch: int):
+def _profile_once(model: str, microbatch: int, repeats: int):
     from runtime.models.specs import model_spec
     from runtime.profiler import ProfilerConfig, profile_gpt
 
-    config = ProfilerConfig(microbatch_sizes=(microbatch,), repeats=9)
+    config = ProfilerConfig(microbatch_sizes=(microbatch,), repeats=repeats)
     return profile_gpt(model_spec(model), config)
 
 
-def _profile(spec, microbatch: int, *, copies: int):
-    """The profile of one CPU slot while ``copies - 1`` other slots run the same work: a worker
-    of a layout shares this machine's cores, caches and memory bandwidth with the others. The
-    copies run in Ray actors of one CPU each, worker processes like the runtime's (Ray runs them
-    at a lower priority than its own daemons), all started before any measures so that they
-    measure at the same time; each layer's figures are the mean over the copies."""
+class _Profilers:
+    """``copies`` profilers in Ray worker processes, like the runtime's workers (Ray runs them at
+    a lower priority than its own daemons), started once per layout: each ``measure`` has them
+    all time the model at once, so each CPU slot is measured as busy as it is in training, and
+    returns each layer's mean over the copies. They take no Ray CPU (``num_cpus=0``): they measure
+    only while the layout's workers wait between steps, so each still has a core to itself."""
+
+    def __init__(self, spec, microbatch: int, *, copies: int, repeats: int) -> None:
+        import ray
+
+        @ray.remote(num_cpus=0)
+        class Profiler:
+            def ready(self) -> None:
+                import runtime.profiler  # noqa: F401  (imports paid before any measuring)
+
+            def measure(self):
+                return _profile_once(spec.name, microbatch, repeats)
+
+        self.actors = [Profiler.remote() for _ in range(copies)]
+        ray.get([a.ready.remote() for a in self.actors])
+
+    def measure(self):
+        import ray
+
+        return _mean_measurement(ray.get([a.measure.remote() for a in self.actors]))
+
+    def close(self) -> None:
+        import ray
+
+        for actor in self.actors:
+            ray.kill(actor)
+
+
+def _mean_measurement(measurements):
+    """Each layer's forward, backward and update seconds averaged over ``measurements``."""
     import dataclasses
 
-    import ray
-
-    @ray.remote(num_cpus=1)
-    class Profiler:
-        def ready(self) -> None:
-            import runtime.profiler  # noqa: F401  (imports paid before the copies start together)
-
-        def measure(self):
-            return _profile_once(spec.name, microbatch)
-
-    actors = [Profiler.remote() for _ in range(copies)]
-    try:
-        ray.get([a.ready.remote() for a in actors])
-        measurements = ray.get([a.measure.remote() for a in actors])
-    finally:
-        for actor in actors:
-            ray.kill(actor)
     first = measurements[0]
 
     def mean_layer(timings):
@@ -132,21 +145,35 @@ def _profile(spec, microbatch: int, *, copies: int):
     return dataclasses.replace(first, layers=layers)
 
 
-def run_layout(layout, config, *, steps: int, warmup_steps: int) -> tuple[float, list[dict]]:
-    """Median seconds per step after ``warmup_steps``, and each worker's phases of the last step."""
+def run_interleaved(
+    layout_for, config, profilers: _Profilers, *, chunks: int, steps: int, warmup_steps: int
+) -> tuple[float, list, list[dict]]:
+    """Profile and train in turn: a measurement, the group's start and ``warmup_steps``, then
+    ``chunks`` times (``steps`` timed steps, a measurement). This VM's speed drifts by up to ~15%
+    within a minute; taken in turn, the profile and the steps see the same drift, so what is left
+    between them is the model's error. Returns the mean seconds per timed step, every
+    measurement, and each worker's counters at the end. ``layout_for(first measurement)`` gives
+    the layout (a latency-aware warm-up depends on the profile)."""
     from runtime.group import WorkerGroup
 
-    group = WorkerGroup.start(layout, config)
+    taken = [profilers.measure()]
+    group = WorkerGroup.start(layout_for(taken[0]), config)
     try:
-        durations = []
-        for step in range(warmup_steps + steps):
-            start = time.perf_counter()
+        step, durations = 0, []
+        for step in range(warmup_steps):
             group.step(step)
-            durations.append(time.perf_counter() - start)
+        step = warmup_steps
+        for _ in range(chunks):
+            for _ in range(steps):
+                start = time.perf_counter()
+                group.step(step)
+                durations.append(time.perf_counter() - start)
+                step += 1
+            taken.append(profilers.measure())
         counters = group.counters()
     finally:
         group.shutdown()
-    return statistics.median(durations[warmup_steps:]), counters
+    return statistics.mean(durations), taken, counters
 
 
 def memory_error(estimate, layout, counters: list[dict]) -> tuple[float, float, float] | None:
@@ -186,14 +213,10 @@ def main() -> None:
     parser.add_argument("--model", default="gpt-mini")
     parser.add_argument("--global-batch", type=int, default=16)
     parser.add_argument("--microbatch", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--chunks", type=int, default=4, help="profile/train turns per layout")
+    parser.add_argument("--steps", type=int, default=3, help="timed steps per turn")
     parser.add_argument("--warmup-steps", type=int, default=2)
     parser.add_argument("--quick", action="store_true", help="gpt-tiny, 3 layouts, 2 steps")
-    parser.add_argument(
-        "--profile-once",
-        action="store_true",
-        help="profile once per worker count instead of right before each layout",
-    )
     parser.add_argument("--phases", action="store_true", help="print predicted and measured parts")
     parser.add_argument(
         "--only", nargs="*", default=[], help="run the layouts whose names contain one of these"
@@ -205,6 +228,12 @@ def main() -> None:
         help="profile and run every layout this many times; the table shows the medians",
     )
     parser.add_argument(
+        "--profile-repeats",
+        type=int,
+        default=6,
+        help="timed whole-model passes per measurement (each layer's figure: their median)",
+    )
+    parser.add_argument(
         "--profile-copies",
         type=int,
         default=0,
@@ -213,7 +242,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.quick:
-        args.model, args.steps, args.warmup_steps, args.rounds = "gpt-tiny", 2, 1, 1
+        args.model, args.chunks, args.steps, args.warmup_steps = "gpt-tiny", 2, 2, 1
+        args.rounds = 1
 
     import ray
 
@@ -221,25 +251,14 @@ def main() -> None:
     from runtime.reference import TrainConfig
 
     spec = model_spec(args.model)
-    profiles: dict[int, object] = {}
 
-    def profile_for(workers: int):
-        """The profile of one CPU slot while as many slots are busy as the layout has workers."""
-        copies = workers if args.profile_copies == 0 else args.profile_copies
-        if copies not in profiles or not args.profile_once:
-            started = time.perf_counter()
-            measurement = _profile(spec, args.microbatch, copies=copies)
-            profiles[copies] = measured_profile(measurement, gpu=GPU, precision="fp32")
-            print(
-                f"profiled {args.model} in {time.perf_counter() - started:.1f} s "
-                f"(1 thread, as T4; {copies} profiler(s) at once)"
-            )
-        return profiles[copies]
+    def as_profile(*taken):
+        return measured_profile(_mean_measurement(list(taken)), gpu=GPU, precision="fp32")
 
     catalog = default_catalog()
     network, prices, settings = views_for(catalog, catalog.market("local"))
     config = TrainConfig(
-        steps=args.warmup_steps + args.steps,
+        steps=args.warmup_steps + args.chunks * args.steps,
         global_batch_size=args.global_batch,
         microbatch_size=args.microbatch,
     )
@@ -267,15 +286,35 @@ def main() -> None:
                     microbatch=args.microbatch,
                     compression=compression[0] if compression else "none",
                 )
-                profile = profile_for(plan.total_gpus)
-                if aware:
-                    plan = plan.with_warmup(latency_aware_plan_warmup(profile, plan, network))
-                estimate = simulate(
-                    profile, plan, network=network, prices=prices, settings=settings
+                copies = plan.total_gpus if args.profile_copies == 0 else args.profile_copies
+
+                ran = {"plan": plan}  # with its latency-aware warm-up, once the layout is made
+
+                def layout_for(first, plan=plan, aware=aware, ran=ran):
+                    if aware:
+                        warmup = latency_aware_plan_warmup(as_profile(first), plan, network)
+                        plan = plan.with_warmup(warmup)
+                    ran["plan"] = plan
+                    return layout_from_plan(plan, model=args.model, network=network)
+
+                profilers = _Profilers(
+                    spec, args.microbatch, copies=copies, repeats=args.profile_repeats
                 )
+                try:
+                    measured, taken, counters = run_interleaved(
+                        layout_for,
+                        config,
+                        profilers,
+                        chunks=args.chunks,
+                        steps=args.steps,
+                        warmup_steps=args.warmup_steps,
+                    )
+                finally:
+                    profilers.close()
+                plan = ran["plan"]
                 layout = layout_from_plan(plan, model=args.model, network=network)
-                measured, counters = run_layout(
-                    layout, config, steps=args.steps, warmup_steps=args.warmup_steps
+                estimate = simulate(
+                    as_profile(*taken), plan, network=network, prices=prices, settings=settings
                 )
                 error = (estimate.iteration_time_s - measured) / measured
                 memory = memory_error(estimate, layout, counters)

@@ -49,6 +49,16 @@ class UserError(Exception):
     def __str__(self) -> str:
         return self.render()
 
+    def __reduce__(self):
+        # sent between processes (the driver runs as a Ray actor): rebuilt with its fields, not
+        # from ``args`` alone as exceptions are by default
+        fields = {"fix": self.fix, "file": self.file, "line": self.line, "field": self.field}
+        return (_rebuild, (type(self), self.message, fields, self.also))
+
+
+def _rebuild(cls, message: str, fields: dict, also: tuple) -> UserError:
+    return cls(message, also=also, **fields)
+
 
 class RecipeError(UserError):
     """A recipe (YAML) is malformed, has unknown keys, wrong types or impossible values."""

@@ -55,6 +55,15 @@ class ProvisionerError(Exception):
         self.message, self.fix = scrub(message), scrub(fix)
         super().__init__(f"{cloud} {call}: {self.message}\n  To fix: {self.fix}")
 
+    def __reduce__(self):
+        # sent between processes (Ray, the local cloud's gateway): rebuilt from its fields, since
+        # the default rebuilds an exception from ``args`` alone and this one needs keywords
+        return (_rebuild_error, (type(self), self.message, self.cloud, self.call, self.fix))
+
+
+def _rebuild_error(cls, message: str, cloud: str, call: str, fix: str) -> ProvisionerError:
+    return cls(message, cloud=cloud, call=call, fix=fix)
+
 
 class CapacityError(ProvisionerError):
     """The location has no capacity for the request now: try another location or later."""

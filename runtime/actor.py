@@ -1,6 +1,8 @@
 """The thin Ray actor around a StageRunner: placement, process-group setup, steps, counters.
 
 Ray carries control (a step number in, a loss out); tensors go over torch.distributed (comm.py).
+A step asked for twice in a row is trained once: a driver that died while its ``step`` call ran
+asks again after Ray restarts it, and gets the loss of the step the workers already took.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ class StageWorker:
         self.runner = None
         # made by the first start_checkpoint, for its (store URL, job, endpoint)
         self.checkpointer, self.checkpointer_target = None, None
+        self.done: tuple[int, float | None] | None = None  # the last step trained, its loss
 
     def rendezvous(self) -> str:
         """An init address on this worker's host (rank 0 is asked): tcp://ip:free-port."""
@@ -48,7 +51,17 @@ class StageWorker:
         return ray.get_runtime_context().get_node_id()
 
     def step(self, step: int) -> float | None:
-        return self.runner.train_step(step)
+        if self.done is not None and self.done[0] == step:
+            return self.done[1]  # asked again by a restarted driver: trained once
+        loss = self.runner.train_step(step)
+        self.done = (step, loss)
+        return loss
+
+    def node(self) -> str:
+        """The Ray node this worker runs on (a restarted driver checks its workers with it)."""
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
 
     def counters(self) -> dict:
         """Bytes sent per place pair and seconds per phase (whole run), the last step's phases,
@@ -95,6 +108,8 @@ class StageWorker:
 
         store = open_store(store_url, endpoint_url=endpoint_url)
         runner = self.runner
+        self.done = None  # the steps after ``step`` are trained again
+        runner.applied = step + 1
         if checkpoint.has_state(store, job, step, stage=runner.stage, replica=runner.replica):
             state = checkpoint.load(store, job, step, stage=runner.stage, replica=runner.replica)
             if tuple(state["layers"]) == tuple(self.layout.layers[runner.stage]):
@@ -102,6 +117,26 @@ class StageWorker:
                 return
         # written by another layout: take this stage's layers from the stages that held them
         runner.load_resharded(checkpoint.load_stages(store, job, step))
+
+    def rescue(self, store_url: str, job: str, step: int, endpoint_url: str | None = None):
+        """Write this worker's state after ``step`` now, if its weights hold exactly that (a peer
+        died during the next step, before its optimizer update); its CheckpointEntry, or None.
+        It runs once this worker's failed step has returned: a peer whose process dies closes
+        its connections and gloo fails the collective at once. (A peer that vanishes silently
+        leaves the step waiting for gloo's timeout; the driver's rescue then times out and the
+        newest checkpoint is used. Answering beside a stuck step would need a threaded actor,
+        whose thread-pool allocations cost ~2 MiB per worker that no profile describes.)"""
+        from runtime import checkpoint
+        from runtime.storage import open_store
+
+        state = self.runner.rescue_state(step + 1)
+        if state is None:
+            return None
+        store = open_store(store_url, endpoint_url=endpoint_url)
+        key = checkpoint.object_key(job, step, self.runner.stage, self.runner.replica)
+        return checkpoint.write_entry(
+            store, key, state, stage=self.runner.stage, replica=self.runner.replica
+        )
 
     def close(self) -> None:
         if self.runner is not None:

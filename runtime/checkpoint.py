@@ -202,17 +202,25 @@ class Checkpointer:
                     self._done.notify_all()
 
     def _write(self, key: str, state: object) -> CheckpointEntry:
-        start = time.perf_counter()
-        data = serialize(state)
-        self.store.put(key, data)
-        return CheckpointEntry(
-            stage=self.stage,
-            replica=self.replica,
-            key=key,
-            sha256=hashlib.sha256(data).hexdigest(),
-            size_bytes=len(data),
-            write_s=time.perf_counter() - start,
-        )
+        return write_entry(self.store, key, state, stage=self.stage, replica=self.replica)
+
+
+def write_entry(
+    store: ObjectStore, key: str, state: object, *, stage: int, replica: int
+) -> CheckpointEntry:
+    """Serialise ``state`` and put it at ``key``, now (the writer thread's work, and a survivor's
+    rescue write)."""
+    start = time.perf_counter()
+    data = serialize(state)
+    store.put(key, data)
+    return CheckpointEntry(
+        stage=stage,
+        replica=replica,
+        key=key,
+        sha256=hashlib.sha256(data).hexdigest(),
+        size_bytes=len(data),
+        write_s=time.perf_counter() - start,
+    )
 
 
 def commit(

@@ -164,13 +164,24 @@ class Comm:
     ) -> None:
         start = time.perf_counter()
         run(self._groups[ranks])
+        size = wire_bytes() if wire_bytes else tensor.numel() * tensor.element_size()
+        self._count_ring(ranks, size)
         if self.layout.links:
-            size = wire_bytes() if wire_bytes else tensor.numel() * tensor.element_size()
             modeled = collective_s(self.layout, ranks, kind, size)
             left = modeled - (time.perf_counter() - start)
             if left > 0:  # pacing: the emulated links are slower than this machine's
                 threading.Event().wait(left)
         self.wait_s["dp_sync"] += time.perf_counter() - start
+
+    def _count_ring(self, ranks: tuple[int, ...], message_bytes: float) -> None:
+        """Count what this rank sends in a collective over ``ranks`` in ``bytes_sent``, as the
+        simulator counts a collective's egress (simulator/collectives.py): a ring over the members
+        ordered by place, each sending 2(n-1)/n of the message to the next. gloo does not report
+        bytes per peer; its ring and halving-doubling algorithms send that much per member."""
+        ring = sorted(ranks, key=lambda r: (self.layout.workers[r].place, r))
+        after = ring[(ring.index(self.rank) + 1) % len(ring)]
+        here, there = self.layout.workers[self.rank].place, self.layout.workers[after].place
+        self.bytes_sent[(here, there)] += round(2 * (len(ring) - 1) / len(ring) * message_bytes)
 
     def close(self) -> None:
         self.finish_sends(delivered=True)

@@ -4,10 +4,16 @@ Placement: the workers form one placement group (all placed or none, within a ti
 ``by_place`` (the default) each bundle holds one unit of its place's custom resource
 ``infra:<cloud/region/zone>``, which the local simulated cloud (and our Ray on cloud nodes) puts on
 every node, so each worker lands in its location; without it, anywhere.
+
+A group started with a ``name`` outlives the process that started it: its actors and placement
+group are detached and named (``<name>-<rank>``, ``<name>-gang`` in the ``NAMESPACE``), so a driver
+that Ray restarts finds its workers again with ``WorkerGroup.attach`` and trains on without a
+restart; it must ``shutdown`` them itself.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from runtime.actor import StageWorker
@@ -16,6 +22,7 @@ from runtime.layout import Layout
 from runtime.reference import TrainConfig
 
 RENDEZVOUS_ATTEMPTS = 3
+NAMESPACE = "geo-orchestrator"
 
 
 def _port_taken(error: BaseException) -> bool:
@@ -34,6 +41,13 @@ class WorkerGroup:
     actors: list
     nodes: list[str]  # Ray node id per rank
     placement: object  # the gang's placement group
+    name: str | None = None  # detached and named (see the module's docstring); None: owned
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The actors' names (a named group), in rank order."""
+        assert self.name is not None
+        return tuple(_actor_name(self.name, rank) for rank in range(self.layout.world_size))
 
     @classmethod
     def start(
@@ -44,7 +58,10 @@ class WorkerGroup:
         by_place: bool = True,
         corpus_bytes: int = 2**20,
         timeout_s: float = 120.0,
+        name: str | None = None,
     ) -> WorkerGroup:
+        """Place and set up one worker per rank; ``name``: a detached, named group (unique per
+        start: a failed start's names are not reused)."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -53,7 +70,8 @@ class WorkerGroup:
         bundles = [
             {"CPU": 1.0, **({f"infra:{w.place}": 1.0} if by_place else {})} for w in layout.workers
         ]
-        group = placement_group(bundles, strategy="PACK")
+        named = {} if name is None else {"name": f"{name}-gang", "lifetime": "detached"}
+        group = placement_group(bundles, strategy="PACK", **named)
         try:
             ray.get(group.ready(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:
@@ -65,9 +83,20 @@ class WorkerGroup:
             ) from None
         remote = ray.remote(StageWorker)
         for attempt in range(RENDEZVOUS_ATTEMPTS):
+            # a retry's actors get new names: a killed actor's name is freed asynchronously
+            label = None if name is None else (name if attempt == 0 else f"{name}.{attempt}")
             actors = [
                 remote.options(
                     num_cpus=1,
+                    **(
+                        {}
+                        if label is None
+                        else {
+                            "name": _actor_name(label, rank),
+                            "namespace": NAMESPACE,
+                            "lifetime": "detached",
+                        }
+                    ),
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         placement_group=group, placement_group_bundle_index=rank
                     ),
@@ -78,7 +107,7 @@ class WorkerGroup:
                 init_method = ray.get(actors[0].rendezvous.remote(), timeout=timeout_s)
                 setups = [a.setup.remote(init_method, timeout_s) for a in actors]
                 nodes = ray.get(setups, timeout=timeout_s)
-                return cls(layout, actors, nodes, group)
+                return cls(layout, actors, nodes, group, label)
             except Exception as error:
                 # a failed start must not keep its actors or the gang's slots: the next start
                 # (the driver's retry) would wait for them forever
@@ -89,6 +118,53 @@ class WorkerGroup:
                 remove_placement_group(group)
                 raise
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    @classmethod
+    def attach(cls, layout: Layout, name: str, *, timeout_s: float = 30.0) -> WorkerGroup:
+        """The named group ``name`` started earlier (by a driver that died since), if every worker
+        is alive; raise WorkerPlacementError otherwise (``sweep`` then frees what is left)."""
+        import ray
+        from ray.util import get_placement_group
+
+        try:
+            actors = [
+                ray.get_actor(_actor_name(name, rank), namespace=NAMESPACE)
+                for rank in range(layout.world_size)
+            ]
+            nodes = ray.get([a.node.remote() for a in actors], timeout=timeout_s)
+            placement = get_placement_group(f"{name}-gang")
+        except (ValueError, ray.exceptions.RayError) as error:
+            raise WorkerPlacementError(f"workers {name!r} are not all alive: {error}") from None
+        return cls(layout, actors, nodes, placement, name)
+
+    @staticmethod
+    def sweep(prefix: str, *, keep: str | None = None) -> list[str]:
+        """Kill every named group whose name starts with ``prefix`` but ``keep``, and free their
+        slots: what a driver that died left running (a group it was still starting, whose name
+        it had not recorded, included). Returns the groups swept."""
+        import ray
+        from ray.util import get_placement_group, placement_group_table
+        from ray.util.placement_group import remove_placement_group
+
+        swept = set()
+        for actor in ray.util.list_named_actors(all_namespaces=True):
+            name, namespace = actor["name"], actor["namespace"]
+            group = name.rsplit("-", 1)[0]
+            if namespace == NAMESPACE and name.startswith(prefix) and group != keep:
+                try:
+                    ray.kill(ray.get_actor(name, namespace=NAMESPACE))
+                except ValueError:  # gone meanwhile
+                    continue
+                swept.add(group)
+        for entry in placement_group_table().values():
+            name = entry.get("name") or ""
+            if name.startswith(prefix) and name != f"{keep}-gang" and entry["state"] != "REMOVED":
+                try:
+                    remove_placement_group(get_placement_group(name))
+                except ValueError:  # removed meanwhile
+                    continue
+                swept.add(name.removesuffix("-gang"))
+        return sorted(swept)
 
     def step(self, step: int, *, timeout_s: float = 600.0) -> float:
         """One training step on every worker; the global batch's mean loss."""
@@ -200,6 +276,49 @@ class WorkerGroup:
         )
         return step
 
+    def rescue(
+        self,
+        store_url: str,
+        job: str,
+        step: int,
+        *,
+        endpoint_url: str | None = None,
+        keep_last: int = 3,
+        timeout_s: float = 10.0,
+    ) -> bool:
+        """After a worker died mid-step: commit a checkpoint of the state after ``step`` from the
+        workers still alive, when each stage has one whose weights hold exactly that many steps
+        (their step's update was not applied: its collective failed with the dead one). False
+        when some stage has none, or none answers within ``timeout_s`` (a step still waiting on
+        a silently vanished peer); then the newest checkpoint is all there is."""
+        import ray
+
+        from runtime import checkpoint
+        from runtime.storage import open_store
+
+        pending = [a.rescue.remote(store_url, job, step, endpoint_url) for a in self.actors]
+        entries, stages = [], set(range(self.layout.num_stages))
+        deadline = time.monotonic() + timeout_s
+        # done once every stage has a state: the dead worker's call may take the cluster's
+        # health check (~1.5 s here) to fail
+        while pending and {e.stage for e in entries} != stages:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            ready, pending = ray.wait(pending, num_returns=1, timeout=left)
+            for call in ready:
+                try:
+                    entry = ray.get(call)
+                except ray.exceptions.RayError:  # the dead worker, or one that failed since
+                    continue
+                if entry is not None:
+                    entries.append(entry)
+        if {e.stage for e in entries} != stages:
+            return False
+        store = open_store(store_url, endpoint_url=endpoint_url)
+        checkpoint.commit(store, job, step, entries, keep_last=keep_last)
+        return True
+
     def shutdown(self, *, graceful: bool = True, timeout_s: float = 60.0) -> None:
         """Stop every worker and free the gang's slots. ``graceful``: let workers finish their
         sends and leave the process group first (a group that lost a worker cannot: its members
@@ -214,3 +333,7 @@ class WorkerGroup:
             for actor in self.actors:
                 ray.kill(actor)
             remove_placement_group(self.placement)
+
+
+def _actor_name(group: str, rank: int) -> str:
+    return f"{group}-{rank}"

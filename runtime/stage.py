@@ -11,12 +11,13 @@ as in the single-process reference (reference.py).
 
 from __future__ import annotations
 
+import threading
 import time
 
 import torch
 from torch import nn
 
-from runtime import reshard
+from runtime import checkpoint, reshard
 from runtime.comm import Comm
 from runtime.compression import CrossRegionCompressor
 from runtime.layout import Layout, LayoutError
@@ -71,6 +72,8 @@ class StageRunner:
             n for n, p in zip(names, self.parameters, strict=True) if not (defer and p is self.tied)
         ]
         self._tied_pending = False
+        self.state_lock = threading.Lock()  # the optimizer's update against a rescue copy
+        self.applied = 0  # optimizer steps the weights hold (set again by a restore)
         mbs = layout.microbatch_size
         self.sample_offset = mbs * sum(
             layout.worker(0, i).microbatches for i in range(self.replica)
@@ -94,7 +97,9 @@ class StageRunner:
         started, waited = time.perf_counter(), dict(self.comm.wait_s)
         loss = self._step(step)
         optimizer_start = time.perf_counter()
-        self.optimizer.step()
+        with self.state_lock:  # a rescue copy (another thread) sees the weights before or after
+            self.optimizer.step()
+            self.applied = step + 1
         self.memory.sample()
         end = time.perf_counter()
         phases = {k: v - waited.get(k, 0.0) for k, v in self.comm.wait_s.items()}
@@ -127,10 +132,23 @@ class StageRunner:
         self.memory.sample()
         return loss_sum if self.last else None
 
+    def rescue_state(self, applied: int) -> dict | None:
+        """A copy of this worker's state if its weights hold exactly ``applied`` steps, taken
+        after a peer died mid-step (that step's optimizer update was not applied); None when they
+        hold another number of steps, or the tied weight's last update is still on its way (it
+        needs a peer)."""
+        with self.state_lock:
+            if self.applied != applied or self._tied_pending:
+                return None
+            return checkpoint.snapshot(self._state())
+
     def state_dict(self) -> dict:
         """What resuming this worker needs: weights, optimizer state, RNG. The data position is the
         step itself (sample ``k`` depends on the seed and ``k`` only)."""
         self.flush_tied()
+        return self._state()
+
+    def _state(self) -> dict:
         return {
             "stage": self.stage,
             "replica": self.replica,

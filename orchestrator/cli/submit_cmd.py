@@ -8,7 +8,8 @@ and $ spent; a summary ends the run.
 
 ``--preempt-at STEP`` (repeatable; added to the recipe's ``local_cloud.preempt_at_steps``) makes the
 market take one of the job's nodes back when that step is committed: a preemption notice, then the
-node's death ``--notice-s`` market seconds later.
+node's death ``--notice-s`` market seconds later. ``--lose-at STEP`` takes one without notice;
+``--preempt-driver-at STEP`` takes the node the driver runs on (Ray restarts the driver).
 """
 
 from __future__ import annotations
@@ -38,6 +39,22 @@ def add_submit(commands: argparse._SubParsersAction, formatter: type) -> None:
     p.add_argument("--jobs-dir", type=Path, default=JOBS_DIR, help="where job state lives")
     p.add_argument("--preempt-at", type=int, action="append", default=[], metavar="STEP")
     p.add_argument(
+        "--lose-at",
+        type=int,
+        action="append",
+        default=[],
+        metavar="STEP",
+        help="after STEP the market takes one of the job's nodes without notice",
+    )
+    p.add_argument(
+        "--preempt-driver-at",
+        type=int,
+        action="append",
+        default=[],
+        metavar="STEP",
+        help="after STEP the market takes back the node the driver runs on",
+    )
+    p.add_argument(
         "--notice-s",
         type=float,
         default=None,
@@ -52,6 +69,8 @@ def run_submit(args: argparse.Namespace, catalog: Catalog) -> int:
     options = RunOptions(
         jobs_dir=args.jobs_dir,
         preempt_at=tuple(args.preempt_at),
+        lose_at=tuple(args.lose_at),
+        preempt_driver_at=tuple(args.preempt_driver_at),
         notice_s=args.notice_s,
         on_step=progress.show,
     )

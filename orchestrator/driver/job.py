@@ -14,13 +14,15 @@ import dataclasses
 import datetime as dt
 import json
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.catalog import Catalog
-from orchestrator.driver.events import EventLog
+from orchestrator.driver.actor import NAMESPACE, DriverSpec, follow, start_driver
+from orchestrator.driver.events import Event, EventLog
 from orchestrator.driver.machine import Choice, Driver, DriverConfig, StepResult
 from orchestrator.driver.state import JobState, StateStore
 from orchestrator.errors import UserError
@@ -40,6 +42,9 @@ class RunOptions:
     preempt_at: tuple[int, ...] = ()  # added to the recipe's local_cloud.preempt_at_steps
     # added to the recipe's local_cloud.preempt_location_at_steps
     preempt_location_at: tuple[int, ...] = ()
+    # added to the recipe's local_cloud.preempt_driver_at_steps
+    preempt_driver_at: tuple[int, ...] = ()
+    lose_at: tuple[int, ...] = ()  # steps after which the market takes a node without notice
     notice_s: float | None = None  # None: the recipe's local_cloud.notice_s
     on_step: Callable[[JobState, StepResult], None] | None = None
 
@@ -57,17 +62,21 @@ def job_folder(recipe: Recipe, recipe_path: Path, jobs_dir: Path) -> Path:
 
 
 def run_job(recipe_path: Path, catalog: Catalog, options: RunOptions) -> RunResult:
-    """Run (or resume) the job of ``recipe_path`` to its end; raise UserError for bad input."""
+    """Run (or resume) the job of ``recipe_path`` to its end; raise UserError for bad input.
+
+    This process owns the local cloud (its market and Ray nodes) and serves its API; the driver
+    runs as a Ray actor on a controller node of its own (driver/actor.py)."""
     recipe = load_recipe(recipe_path, catalog=catalog)
     if recipe.provider != "local":
+        _check_credentials(recipe.provider, recipe_path)
         raise UserError(
             f"submit runs on the local simulated cloud in this version, not {recipe.provider}",
             file=str(recipe_path),
             field="provider",
             fix="write provider: local (plan and simulate work for every provider)",
         )
-    folder = job_folder(recipe, recipe_path, options.jobs_dir)
-    recipe = _measured_here(recipe, folder)
+    folder = job_folder(recipe, recipe_path, options.jobs_dir).resolve()
+    recipe = _absolute_paths(_measured_here(recipe, folder))
     (folder / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier run
     if recipe.training.optimizer.grad_clip_norm is not None:
         print(
@@ -76,25 +85,80 @@ def run_job(recipe_path: Path, catalog: Catalog, options: RunOptions) -> RunResu
             file=sys.stderr,
         )
     store = StateStore(folder)
-    state = _state(store, folder.name, recipe_path).evolve(
-        steps_total=recipe.training.steps, global_batch_size=recipe.training.global_batch_size
+    store.save(
+        _state(store, folder.name, recipe_path).evolve(
+            steps_total=recipe.training.steps, global_batch_size=recipe.training.global_batch_size
+        )
+    )
+    local = recipe.local_cloud
+    spec = DriverSpec(
+        recipe=recipe,
+        recipe_path=str(Path(recipe_path).resolve()),
+        jobs_dir=str(folder.parent),
+        gateway=f"local-cloud-{folder.name}",
+        preempt_at=(*options.preempt_at, *local.preempt_at_steps),
+        preempt_location_at=(*options.preempt_location_at, *local.preempt_location_at_steps),
+        preempt_driver_at=(*options.preempt_driver_at, *local.preempt_driver_at_steps),
+        lose_at=options.lose_at,
     )
     from provisioners.local.provisioner import LocalProvisioner
 
-    notice_s = options.notice_s if options.notice_s is not None else recipe.local_cloud.notice_s
+    notice_s = options.notice_s if options.notice_s is not None else local.notice_s
     provisioner = LocalProvisioner(seed=recipe.training.seed, notice_s=notice_s)
     started = time.monotonic()
     try:
-        import ray
-
-        ray.init(address=provisioner.address, log_to_driver=False)
-        driver = _driver(recipe, catalog, provisioner, store, state, options)
-        final = driver.run()
+        final, choice = _run_on_local_cloud(provisioner, spec, folder.name, options)
     finally:
+        provisioner.close()
+    return RunResult(final, folder, time.monotonic() - started, choice)
+
+
+def _check_credentials(provider: str, recipe_path: Path) -> None:
+    """A provider without credentials is named first (its SDK's chain, what it looked for)."""
+    from provisioners.base import CredentialsMissing, SdkMissing
+    from provisioners.registry import create
+
+    try:
+        create(provider).check_credentials()
+    except (CredentialsMissing, SdkMissing) as error:
+        raise UserError(
+            f"{provider}: {error.message}", file=str(recipe_path), field="provider", fix=error.fix
+        ) from None
+
+
+def _run_on_local_cloud(provisioner, spec: DriverSpec, job: str, options: RunOptions):
+    """Start the cluster, serve the cloud's API to the driver actor and follow the job."""
+    import ray
+
+    from provisioners.local.gateway import serve, start_gateway
+
+    stop, server, actor = threading.Event(), None, None
+    try:
+        ray.init(address=provisioner.address, log_to_driver=False, namespace=NAMESPACE)
+        controller = provisioner.launch_controller(name=f"{job}-controller")
+        gateway = start_gateway(spec.gateway)
+        server = threading.Thread(
+            target=serve, args=(provisioner, gateway, stop), name="local-cloud-api", daemon=True
+        )
+        server.start()
+        actor = start_driver(spec, job=job, node=controller.node_id)
+        return follow(actor, options.on_step)
+    finally:
+        if actor is not None:
+            ray.kill(actor, no_restart=True)
+        stop.set()
+        if server is not None:
+            server.join(timeout=10)
         if ray.is_initialized():
             ray.shutdown()
-        provisioner.close()
-    return RunResult(final, folder, time.monotonic() - started, driver.session.choice)
+
+
+def _absolute_paths(recipe: Recipe) -> Recipe:
+    """The driver actor runs in another process and folder: its paths must not be relative."""
+    from orchestrator.driver.world import checkpoint_url
+
+    checkpointing = dataclasses.replace(recipe.checkpointing, path=checkpoint_url(recipe))
+    return dataclasses.replace(recipe, checkpointing=checkpointing)
 
 
 def _measured_here(recipe: Recipe, folder: Path) -> Recipe:
@@ -140,7 +204,15 @@ def _state(store: StateStore, job: str, recipe_path: Path) -> JobState:
     return JobState(job=job, recipe_path=str(recipe_path), phase="plan", run_id=run_id)
 
 
-def _driver(recipe, catalog, provisioner, store, state, options: RunOptions) -> Driver:
+def build_driver(
+    spec: DriverSpec,
+    *,
+    own_node: str | None,
+    on_step: Callable[[JobState, StepResult], None] | None = None,
+) -> Driver:
+    """The job's driver from its folder's state, talking to the local cloud through its gateway
+    (called in the driver actor, on every start)."""
+    from orchestrator.catalog import default_catalog
     from orchestrator.driver.world import (
         MarketPlans,
         ProvisionerCloud,
@@ -148,7 +220,12 @@ def _driver(recipe, catalog, provisioner, store, state, options: RunOptions) -> 
         checkpoint_url,
     )
     from orchestrator.simulator import views_for
+    from provisioners.local.gateway import RemoteProvisioner
 
+    recipe, catalog = spec.recipe, default_catalog()
+    store = StateStore(Path(spec.jobs_dir) / (recipe.name or Path(spec.recipe_path).stem))
+    state = store.load().state
+    provisioner = RemoteProvisioner(spec.gateway)
     network = None
     if recipe.runtime.link_emulation:
         network = views_for(catalog, catalog.market("local"))[0]
@@ -161,19 +238,24 @@ def _driver(recipe, catalog, provisioner, store, state, options: RunOptions) -> 
     )
     chaos = _ChaosSchedule(
         provisioner,
-        nodes={*options.preempt_at, *recipe.local_cloud.preempt_at_steps},
-        locations={*options.preempt_location_at, *recipe.local_cloud.preempt_location_at_steps},
+        nodes=set(spec.preempt_at),
+        locations=set(spec.preempt_location_at),
+        drivers=set(spec.preempt_driver_at),
+        losses=set(spec.lose_at),
+        own_node=own_node,
+        done_steps=state.step,
+        events=EventLog(store.folder / "events.jsonl"),
     )
     metrics = _Metrics(store.folder / METRICS_FILE, recipe.training.global_batch_size)
     gauges = DashboardMetrics(state.job)
 
-    def on_step(current: JobState, result: StepResult) -> None:
+    def stepped(current: JobState, result: StepResult) -> None:
         row = metrics.record(current, result)
         gauges.update(
             row, usd_per_hour=sum(r.usd_per_node_hour for r in driver.session.nodes.values())
         )
-        if options.on_step is not None:
-            options.on_step(current, result)
+        if on_step is not None:
+            on_step(current, result)
         chaos.after(current)
 
     driver = Driver(
@@ -199,31 +281,68 @@ def _driver(recipe, catalog, provisioner, store, state, options: RunOptions) -> 
             deadline_s=recipe.objective.deadline_h * 3600 if recipe.objective.deadline_h else None,
         ),
         state=state,
-        on_step=on_step,
+        on_step=stepped,
         stop_requested=(store.folder / STOP_FILE).exists,
+        own_node=own_node,
     )
     return driver
 
 
 class _ChaosSchedule:
     """The seeded chaos of the local cloud: after the listed steps the market takes back the
-    first node of the job (by id), or every node the job holds in that node's location."""
+    first node of the job (by id) with notice or without, every node the job holds in that node's
+    location, or the node the driver runs on; each is logged as a ``chaos`` event (its time is
+    the moment the market acted). Steps already done when a (restarted) driver starts are not
+    repeated."""
 
-    def __init__(self, provisioner, *, nodes: set[int], locations: set[int]) -> None:
-        self.provisioner = provisioner
-        self.pending = sorted([(s, "node") for s in nodes] + [(s, "location") for s in locations])
+    def __init__(
+        self,
+        provisioner,
+        *,
+        nodes: set[int],
+        locations: set[int],
+        drivers: set[int] = frozenset(),
+        losses: set[int] = frozenset(),
+        own_node: str | None = None,
+        done_steps: int = 0,
+        events: EventLog | None = None,
+    ) -> None:
+        self.provisioner, self.own_node, self.events = provisioner, own_node, events
+        listed = [(s, "node") for s in nodes] + [(s, "location") for s in locations]
+        listed += [(s, "driver") for s in drivers] + [(s, "lose") for s in losses]
+        self.pending = sorted(item for item in listed if item[0] > done_steps)
 
     def after(self, state: JobState) -> None:
         while self.pending and state.step >= self.pending[0][0]:
             _, what = self.pending.pop(0)
-            held = {n.node_id: n for n in self.provisioner.nodes() if n.node_id in state.nodes}
+            cloud_nodes = {n.node_id: n for n in self.provisioner.nodes()}
+            if what == "driver":
+                if self.own_node in cloud_nodes:  # not when Ray restarted it on the head
+                    self._log(what, self.own_node, state.step)
+                    self.provisioner.preempt_now(self.own_node)
+                continue
+            held = {n: node for n, node in cloud_nodes.items() if n in state.nodes}
             if not held:
                 continue
             first = held[min(held)]
+            self._log(what, first.node_id, state.step)
             if what == "location":  # and the market has none there for a while
                 self.provisioner.preempt_location(first.infra, outage_s=LOCATION_OUTAGE_S)
+            elif what == "lose":
+                self.provisioner.lose_now(first.node_id)
             else:
                 self.provisioner.preempt_now(first.node_id)
+
+    def _log(self, what: str, node: str, step: int) -> None:
+        if self.events is not None:
+            self.events.append(
+                Event(
+                    event="chaos",
+                    decision="",
+                    reason=f"the market takes {what}: node {node}",
+                    details={"kind": what, "node": node, "step": step},
+                )
+            )
 
 
 class _Metrics:

@@ -3,8 +3,8 @@ node recover -> plan again, until the recipe's steps are done or nothing more ca
 
 Each phase is one method that does its work, records what happened in the event log and the job
 state (persisted after every transition and every committed step), and returns the next phase.
-The driver talks to three collaborators behind small protocols, so the machine runs the same
-against the local simulated cloud, a real cloud, or hand-written fakes in tests:
+The driver talks to three collaborators behind small protocols (contract.py), so the machine runs
+the same against the local simulated cloud, a real cloud, or hand-written fakes in tests:
 
 - ``PlanSource.choose(excluded=...)``: the best plan on the market now, avoiding the places that
   just refused capacity; with the launch requests it needs and its predicted rate and price.
@@ -15,19 +15,40 @@ against the local simulated cloud, a real cloud, or hand-written fakes in tests:
 Recovery in this version keeps the nodes that survived, launches what the new plan needs beyond
 them, and restarts the workers from the newest checkpoint. A preemption notice is acted on before
 the node goes: the driver checkpoints the step just committed, lets go of the noticed nodes and
-recovers from that checkpoint at once, so no committed step is lost. A node lost without notice
-rolls back to the newest checkpoint; steps committed after it are trained again (the data of step
-``k`` depends only on ``k``, so the losses repeat).
+recovers from that checkpoint at once, so no committed step is lost. A node lost without notice:
+when a worker of every stage survives, their state is the last committed step's (the dead
+worker's step never reached the optimizer), so they write it and the restart rolls nothing back
+(event ``rescued``); otherwise the job rolls back to the newest checkpoint and the steps committed
+after it are trained again (the data of step ``k`` depends only on ``k``, so the losses repeat).
+
+A driver that dies (its node preempted) and is restarted (by Ray: driver/actor.py) takes the job
+over from its persisted state: when the job was training and its nodes and workers all live, it
+attaches to the running workers and trains on from the last committed step (a step in flight when
+it died is not trained twice: runtime/actor.py); otherwise it re-plans from the newest checkpoint,
+keeping the nodes that are still alive. A preemption notice for the driver's own node makes it
+checkpoint at once, so that even a job whose workers die with it loses no committed step.
 """
 
 from __future__ import annotations
 
 import enum
+import json
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 
+from orchestrator.driver.contract import (  # the machine's vocabulary (importable from here too)
+    CapacityRefused,
+    Choice,
+    Cloud,
+    DriverConfig,
+    PlanSource,
+    Request,
+    StepResult,
+    Trainer,
+    WorkersLost,
+    deadline_rate,
+)
 from orchestrator.driver.events import Event, EventLog
 from orchestrator.driver.state import JobState, StateStore
 from orchestrator.errors import UserError
@@ -48,86 +69,6 @@ class Phase(str, enum.Enum):
 TERMINAL = (Phase.DONE, Phase.FAILED, Phase.STOPPED)
 
 
-class WorkersLost(Exception):
-    """A training step failed because workers (or their nodes) are gone."""
-
-
-class CapacityRefused(Exception):
-    """A place could not give the nodes asked for (the provisioner's CapacityError or QuotaError)."""
-
-    def __init__(self, infra: str, message: str) -> None:
-        super().__init__(message)
-        self.infra = infra
-
-
-@dataclass(frozen=True, kw_only=True)
-class Request:
-    """Nodes to launch in one place for a plan, with their price."""
-
-    infra: str
-    gpu: str
-    count: int
-    spot: bool
-    usd_per_node_hour: float
-    instance_type: str = ""  # the offer's; empty where the cloud picks
-
-
-@dataclass(frozen=True, kw_only=True)
-class Choice:
-    plan: dict  # the plan format
-    summary: str  # e.g. "2 stages x 2 replicas: T4 in local/sim-us/sim-us-a (2), ..."
-    requests: tuple[Request, ...]
-    samples_per_s: float  # predicted
-    usd_per_hour: float  # predicted, compute
-
-
-@dataclass(frozen=True, kw_only=True)
-class StepResult:
-    loss: float
-    egress_bytes: float = 0.0
-    egress_usd: float = 0.0
-
-
-class PlanSource(Protocol):
-    def choose(self, *, excluded: frozenset[str], held: dict[str, int]) -> Choice:
-        """The best plan now; ``held``: nodes this job already holds per place (free to it)."""
-
-
-class Cloud(Protocol):
-    def launch(self, request: Request, *, gang: str) -> list[str]: ...
-    def terminate(self, node_ids: Sequence[str]) -> None: ...
-    def alive(self, node_ids: Sequence[str]) -> set[str]: ...
-    def poll_events(self, *, timeout_s: float = 0.0) -> list: ...
-
-
-class Trainer(Protocol):
-    def start(self, plan: dict, *, restore_step: int | None) -> int:
-        """Start on ``plan`` from the checkpoint at ``restore_step`` (None: from scratch);
-        return the step training resumes at (older than asked when that checkpoint is bad)."""
-
-    def step(self, step: int) -> StepResult: ...
-    def checkpoint(self, step: int) -> None: ...
-    def stop(self) -> None: ...
-
-
-@dataclass(frozen=True, kw_only=True)
-class DriverConfig:
-    steps: int
-    checkpoint_every_steps: int
-    budget_usd: float | None = None
-    max_recoveries: int = 50
-    # plan switching: every this many steps, ask the market for the best plan now (None: never)
-    replan_every_steps: int | None = None
-    samples_per_step: int = 1  # the global batch
-    goal: str = "max_throughput"  # what a switch must gain: time, or dollars with "min_cost"
-    switch_margin: float = 2.0  # the gain must beat this many times the move's cost
-    migration_s: float = 15.0  # a move's pause before one is measured (then: their median)
-    # once training began, how long to wait for the market to offer a plan again (0: stop at once)
-    capacity_wait_s: float = 0.0
-    capacity_poll_s: float = 5.0  # each look waits this long for the provider's next event
-    deadline_s: float | None = None  # the recipe's deadline, seconds after the job began
-
-
 @dataclass
 class _Session:
     """What the driver holds in memory for the current plan (not persisted: rebuilt on restart)."""
@@ -141,14 +82,10 @@ class _Session:
     declined: set[str] = field(default_factory=set)  # better plans seen and not worth a move
     waiting_since_s: float | None = None  # when planning found no room (after training began)
     leaving: set[str] = field(default_factory=set)  # noticed nodes to let go of when recovering
+    rescue: bool = False  # a worker died without notice: try its surviving replicas' state first
+    held_only: bool = False  # re-plan on the nodes left (rescued): train on now, grow later
     step_from_s: float = 0.0  # when the step being trained began
     billed_at_s: float = 0.0
-
-
-def deadline_rate(*, samples_left: float, seconds_left: float) -> float:
-    """Samples/s that finish ``samples_left`` in ``seconds_left``; past (or at) the deadline, what
-    finishing in one more minute takes: as fast as the market allows."""
-    return samples_left / max(seconds_left, 60.0)
 
 
 def _same_kind(a: Request, b: Request) -> bool:
@@ -170,12 +107,14 @@ class Driver:
         wall: Callable[[], float] = time.time,
         on_step: Callable[[JobState, StepResult], None] | None = None,
         stop_requested: Callable[[], bool] = lambda: False,
+        own_node: str | None = None,
     ) -> None:
+        """``own_node``: the node the driver runs on, when it is one of the cloud's."""
         self.store, self.events, self.plans = store, events, plans
         self.cloud, self.trainer, self.config = cloud, trainer, config
         self.clock, self.on_step, self.stop_requested = clock, on_step, stop_requested
         self.wall = wall  # Unix time, for the deadline (the job began at state.started_at_s)
-        self.state = state
+        self.state, self.own_node = state, own_node
         self.session = _Session()
         self.handlers = {
             Phase.PLAN: self._plan,
@@ -190,24 +129,60 @@ class Driver:
     def run(self) -> JobState:
         phase = Phase(self.state.phase)
         if phase not in TERMINAL and phase is not Phase.PLAN:
-            # a restarted driver: whatever it held is unknown now; plan again from the checkpoint
-            self._log(
-                "driver_restarted", "re-plan from the newest checkpoint", f"was in {phase.value}"
-            )
-            phase = Phase.RECOVER
+            phase = self._restarted(phase)
         while phase not in TERMINAL:
             phase = self.handlers[phase]()
             self._save(phase=phase.value)
         return self.state
 
+    def _restarted(self, was: Phase) -> Phase:
+        """A restarted driver: take over the running workers when the job was training and its
+        nodes and workers all live; otherwise re-plan from the newest checkpoint, keeping the
+        nodes still alive."""
+        state = self.state
+        kinds = {n: Request(**k) for n, k in state.node_kinds.items() if n in state.nodes}
+        alive = self.cloud.alive(list(kinds)) if kinds else set()
+        self.session.nodes = {n: r for n, r in kinds.items() if n in alive}
+        self._save(driver_restarts=state.driver_restarts + 1, nodes=tuple(self.session.nodes))
+        whole = bool(state.nodes) and alive == set(state.nodes)
+        if was is Phase.TRAIN and state.workers and state.choice and state.plan and whole:
+            if self.trainer.attach(state.plan, workers=state.workers):
+                self.trainer.sweep(keep=state.workers)  # any group it was starting besides
+                self.session.choice = Choice.from_dict(state.choice)
+                # the pause is measured from the dead driver's last save (it lived until then)
+                self.session.lost_at_s = self.clock() - max(0.0, self.wall() - state.updated_at_s)
+                self._log(
+                    "driver_restarted",
+                    f"take over the running workers at step {state.step}",
+                    f"was in {was.value}; its nodes and workers are alive",
+                    details={"step": state.step, "node": self.own_node},
+                )
+                return Phase.TRAIN
+        # the groups it ran or was still starting (their names may not have been recorded)
+        self.trainer.sweep(keep=None)
+        # the pause is measured from the dead driver's last save (it lived until then)
+        self.session.lost_at_s = self.clock() - max(0.0, self.wall() - state.updated_at_s)
+        self._save(workers=None)
+        self._log(
+            "driver_restarted",
+            "re-plan from the newest checkpoint",
+            f"was in {was.value}; "
+            + ("its workers are gone" if state.workers else "no workers were running"),
+            details={
+                "step": state.step,
+                "checkpoint_step": state.checkpoint_step,
+                "node": self.own_node,
+            },
+        )
+        return Phase.RECOVER
+
     # -- phases -----------------------------------------------------------------------------------
 
     def _plan(self) -> Phase:
         before = self.session.choice.summary if self.session.choice else None
+        held_only, self.session.held_only = self.session.held_only, False
         try:
-            choice = self.plans.choose(
-                excluded=frozenset(self.session.excluded), held=self._held_by_place()
-            )
+            choice = self._choose(held_only=held_only)
         except UserError as error:
             reason = error.message + (f" (to fix: {error.fix})" if error.fix else "")
             if self.state.step > 0 and self._wait_for_capacity(reason):
@@ -217,13 +192,28 @@ class Driver:
         self.session.choice = choice
         self._log(
             "planned",
-            "launch its nodes",
+            "train on the nodes left; a replacement is weighed at the next periodic re-plan"
+            if held_only
+            else "launch its nodes",
             f"predicted {choice.samples_per_s:.3g} samples/s at ${choice.usd_per_hour:.3g}/h",
             plan_before=before,
             plan_after=choice.summary,
         )
-        self._save(plan=choice.plan)
+        self._save(plan=choice.plan, choice=json.loads(json.dumps(asdict(choice))))  # as stored
         return Phase.LAUNCH
+
+    def _choose(self, *, held_only: bool) -> Choice:
+        """The best plan on the market now; ``held_only``: first on the nodes still held (a
+        node boots in minutes on a real cloud; training on without it does not wait), the whole
+        market when they can hold no plan."""
+        held = self._held_by_place()
+        excluded = frozenset(self.session.excluded)
+        if held_only and held:
+            try:
+                return self.plans.choose(excluded=excluded, held=held, held_only=True)
+            except UserError:
+                pass  # the nodes left cannot hold the model: look at the whole market
+        return self.plans.choose(excluded=excluded, held=held)
 
     def _launch(self) -> Phase:
         """Launch what the plan needs beyond the nodes still held (survivors of a loss), and let go
@@ -256,7 +246,10 @@ class Driver:
             "start training",
             f"{len(started)} new nodes" + (f", {len(kept)} kept" if kept else ""),
         )
-        self._save(nodes=tuple(self.session.nodes))
+        self._save(
+            nodes=tuple(self.session.nodes),
+            node_kinds={n: asdict(r) for n, r in self.session.nodes.items()},
+        )
         return Phase.START
 
     def _start(self) -> Phase:
@@ -279,6 +272,7 @@ class Driver:
                 checkpoint_step=resumed or None,
             )
         self.session.waiting_since_s = None  # running again: a later squeeze waits afresh
+        self._save(workers=self.trainer.workers_name())
         self._log(
             "started",
             "train",
@@ -317,7 +311,11 @@ class Driver:
     def _recover(self) -> Phase:
         """Stop the workers, keep the nodes that are still alive (and not noticed), go back to
         planning."""
+        if self.session.rescue:
+            self.session.rescue = False
+            self._rescue()
         self.trainer.stop()  # after the workers' checkpoint writes are done
+        self._save(workers=None)
         self._bill()
         leaving, self.session.leaving = self.session.leaving, set()
         self.cloud.terminate(sorted(leaving))  # doomed: stop paying for them now
@@ -342,6 +340,9 @@ class Driver:
     def _react(self, events: list) -> Phase | None:
         """A lost node of ours: recover from the newest checkpoint. Preemption notices: checkpoint
         now and move off the noticed nodes before they go (nothing committed is lost)."""
+        for event in events:
+            if isinstance(event, PreemptionNotice) and event.node_id == self.own_node:
+                self._driver_noticed(event)
         ours = [e for e in events if getattr(e, "node_id", None) in self.session.nodes]
         notices = [e for e in ours if isinstance(e, PreemptionNotice)]
         for event in notices:
@@ -370,6 +371,21 @@ class Driver:
             details={"step": self.state.step, "checkpoint_step": self.state.checkpoint_step},
         )
         return Phase.RECOVER
+
+    def _driver_noticed(self, event: PreemptionNotice) -> None:
+        """The driver's own node goes soon: checkpoint now, so that nothing committed is lost even
+        if the workers go with it; Ray restarts the driver on another node and it takes over."""
+        self._log(
+            "driver_notice",
+            "checkpoint now; the driver is restarted elsewhere and takes the workers over",
+            f"the driver's node {event.node_id} in {event.infra}",
+            details={
+                "deadline_s": event.deadline_s,
+                "step": self.state.step,
+                "node": event.node_id,
+            },
+        )
+        self._checkpoint("the driver's preemption notice")
 
     def _wait_for_capacity(self, reason: str) -> bool:
         """After training began, a market with no room now may get some back (a zone's outage
@@ -463,11 +479,26 @@ class Driver:
             return usd_now - usd_best, pause_s * current.usd_per_hour / 3600, "$"
         return finish_now - finish_best, pause_s, "s"
 
+    def _rescue(self) -> None:
+        """A replica of every stage survived the loss: its state is the last committed step's
+        (the dead one's step never reached the optimizer), so the restart rolls nothing back."""
+        step = self.state.step
+        if step <= (self.state.checkpoint_step or 0) or not self.trainer.rescue(step):
+            return
+        self._save(checkpoint_step=step)
+        self.session.held_only = True
+        self._log(
+            "rescued",
+            f"restart from the surviving replicas' state after step {step}: nothing rolled back",
+            "a replica of every stage of the lost workers is alive",
+            details={"step": step},
+        )
+
     def _lost(self, reason: str) -> Phase:
-        self.session.lost_at_s = self.clock()
+        self.session.lost_at_s, self.session.rescue = self.clock(), True
         self._log(
             "node_lost",
-            "restart from the newest checkpoint",
+            "restart from the surviving replicas' state, or else from the newest checkpoint",
             reason,
             details={"step": self.state.step, "checkpoint_step": self.state.checkpoint_step},
         )
@@ -538,7 +569,7 @@ class Driver:
         self._bill()
         self.cloud.terminate(list(self.session.nodes))
         self.session.nodes = {}
-        self._save(nodes=())
+        self._save(nodes=(), node_kinds={}, workers=None)
         self._log("finished", "released every node", f"{self.state.step} steps")
 
     def _save(self, **changes) -> None:

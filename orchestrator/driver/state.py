@@ -38,6 +38,13 @@ class JobState:
     egress_usd: float = 0.0
     egress_bytes: float = 0.0
     nodes: tuple[str, ...] = ()
+    # what a restarted driver needs to take over the running job without a restart: the plan's
+    # choice (machine.Choice as a dict), what each held node was launched as (machine.Request as
+    # a dict), the running workers' group name (runtime/group.py) and the driver's restarts
+    choice: dict | None = None
+    node_kinds: dict = field(default_factory=dict)
+    workers: str | None = None
+    driver_restarts: int = 0
     recoveries: int = 0
     losses: tuple[float, ...] = ()  # per committed step
     trained_steps: int = 0  # steps trained, replays after a recovery included

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
+import uuid
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import replace
@@ -61,10 +62,12 @@ class MarketPlans:
         self.recipe, self.catalog, self.provisioner = recipe, catalog, provisioner
         self.progress = progress
 
-    def choose(self, *, excluded: frozenset[str], held: dict[str, int]) -> Choice:
+    def choose(
+        self, *, excluded: frozenset[str], held: dict[str, int], held_only: bool = False
+    ) -> Choice:
         from orchestrator.planner import plan_recipe
 
-        market = self.market(held)
+        market = self.market(held, held_only=held_only)
         constraints = self.recipe.constraints
         recipe = replace(
             self._with_deadline_left(),
@@ -107,13 +110,17 @@ class MarketPlans:
             objective=replace(objective, deadline_h=None, min_throughput_samples_per_s=floor),
         )
 
-    def market(self, held: dict[str, int]) -> OfferTable:
+    def market(self, held: dict[str, int], *, held_only: bool = False) -> OfferTable:
         """The provisioner's offers now, in the catalog's terms; the nodes this job holds count
-        as free to it."""
+        as free to it (``held_only``: they are all there is)."""
         converted, _ = convert_offers(self.catalog, self.provisioner.offers())
         offers = []
         for offer, _ in converted:
             mine = held.get(str(offer.location), 0)
+            if held_only:
+                if mine:
+                    offers.append(replace(offer, available_count=mine))
+                continue
             if mine and offer.available_count is not None:
                 offer = replace(offer, available_count=offer.available_count + mine)
             offers.append(offer)
@@ -197,15 +204,19 @@ class RuntimeTrainer:
         self._sent: dict[tuple[str, str], int] = {}
         self._healthy = True  # False once a worker failed: stop without waiting on it
 
+    def _layout(self, plan_document: dict):
+        from orchestrator.layout import layout_from_plan
+
+        plan = parse_plan(yaml.safe_dump(plan_document), file="<the driver's plan>")
+        return plan, layout_from_plan(plan, model=self.recipe.model.name, network=self.network)
+
     def start(self, plan_document: dict, *, restore_step: int | None) -> int:
         import ray
 
-        from orchestrator.layout import layout_from_plan
         from runtime.group import WorkerGroup, WorkerPlacementError
         from runtime.reference import TrainConfig
 
-        plan = parse_plan(yaml.safe_dump(plan_document), file="<the driver's plan>")
-        layout = layout_from_plan(plan, model=self.recipe.model.name, network=self.network)
+        plan, layout = self._layout(plan_document)
         training = self.recipe.training
         config = TrainConfig(
             steps=training.steps,
@@ -216,12 +227,60 @@ class RuntimeTrainer:
             seed=training.seed,
         )
         self._sent, self._healthy = {}, True
+        # named and detached: the workers outlive a driver that dies, which then takes them over
+        name = f"{self.job}-w{uuid.uuid4().hex[:8]}"
         try:
-            self.group = WorkerGroup.start(layout, config, timeout_s=120.0)
+            self.group = WorkerGroup.start(layout, config, timeout_s=120.0, name=name)
             return self._restore(restore_step)
         except (ray.exceptions.RayError, WorkerPlacementError) as error:
             self._healthy = False
             raise WorkersLost(f"starting the workers failed: {error}") from None
+
+    def workers_name(self) -> str | None:
+        return None if self.group is None else self.group.name
+
+    def attach(self, plan_document: dict, *, workers: str) -> bool:
+        from runtime.group import WorkerGroup, WorkerPlacementError
+
+        _, layout = self._layout(plan_document)
+        try:
+            self.group = WorkerGroup.attach(layout, workers)
+        except WorkerPlacementError as error:
+            log.info("cannot take over the workers: %s", error)
+            return False
+        # bytes already counted as egress by the dead driver are not billed twice
+        self._sent, self._healthy = self._totals(self.group.counters()), True
+        return True
+
+    def rescue(self, step: int) -> bool:
+        import ray
+
+        from runtime.checkpoint import CheckpointError
+
+        if self.group is None:
+            return False
+        # a worker is gone: the group cannot leave its process group in order, so stopping it
+        # next kills its workers rather than waiting on the dead one
+        self._healthy = False
+        if step < 1:
+            return False
+        try:
+            return self.group.rescue(
+                self.checkpoint_url,
+                self.job,
+                step - 1,
+                keep_last=self.recipe.checkpointing.keep_last,
+            )
+        except (ray.exceptions.RayError, CheckpointError, OSError) as error:
+            log.info("no rescue from the surviving workers: %s", error)
+            return False
+
+    def sweep(self, *, keep: str | None) -> None:
+        from runtime.group import WorkerGroup
+
+        swept = WorkerGroup.sweep(f"{self.job}-w", keep=keep)
+        if swept:
+            log.info("freed the workers an earlier driver left: %s", ", ".join(swept))
 
     def _restore(self, restore_step: int | None) -> int:
         """The committed step training resumes at: ``restore_step``, or an older complete
@@ -261,12 +320,18 @@ class RuntimeTrainer:
             raise WorkersLost(f"step {step}: {type(error).__name__}") from None
         return StepResult(loss=loss, **self._egress(counters))
 
-    def _egress(self, counters: list[dict]) -> dict:
-        """Bytes that crossed a place boundary since the last step, and their price."""
+    @staticmethod
+    def _totals(counters: list[dict]) -> dict[tuple[str, str], int]:
         totals: dict[tuple[str, str], int] = defaultdict(int)
         for worker in counters:
-            for (src, dst), size in worker["bytes_sent"].items():
+            for pair, size in worker["bytes_sent"].items():  # "src->dst" (runtime/actor.py)
+                src, dst = pair.split("->")
                 totals[(src, dst)] += size
+        return dict(totals)
+
+    def _egress(self, counters: list[dict]) -> dict:
+        """Bytes that crossed a place boundary since the last step, and their price."""
+        totals = self._totals(counters)
         moved = usd = 0.0
         for pair, size in totals.items():
             delta = size - self._sent.get(pair, 0)

@@ -497,13 +497,16 @@ def _check_runtime(c: Checker) -> None:
 def _check_local_cloud(c: Checker) -> None:
     local, path = c.recipe.local_cloud, ("local_cloud",)
     steps = c.recipe.training.steps
-    if (local.preempt_at_steps or local.preempt_location_at_steps) and c.recipe.provider != "local":
+    chaos = (
+        local.preempt_at_steps or local.preempt_location_at_steps or local.preempt_driver_at_steps
+    )
+    if chaos and c.recipe.provider != "local":
         c.error(
             path,
             f"applies to the local simulated cloud, not provider {c.recipe.provider}",
             "remove local_cloud, or write provider: local",
         )
-    for name in ("preempt_at_steps", "preempt_location_at_steps"):
+    for name in ("preempt_at_steps", "preempt_location_at_steps", "preempt_driver_at_steps"):
         bad = [k for k in getattr(local, name) if not 1 <= k < steps]
         if bad:
             c.error(

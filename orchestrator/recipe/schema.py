@@ -147,6 +147,11 @@ class LocalCloudConfig:
         "location at once (the location of its first node), e.g. [120]",
         default=(),
     )
+    preempt_driver_at_steps: tuple[int, ...] = _help(
+        "steps after which the simulated market takes back the node the job's driver runs on "
+        "(Ray restarts the driver on another node and it takes the job over), e.g. [90]",
+        default=(),
+    )
     notice_s: float = _help(
         "market seconds between a preemption notice and the node's death (> 0)", default=2.0
     )

@@ -13,8 +13,10 @@ run with ``RAY_AUTH_MODE=disabled``.
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
+import threading
 import time
 from dataclasses import dataclass
 
@@ -43,7 +45,11 @@ class NodeSpec:
     def infra(self) -> str:
         return "/".join(p for p in (self.cloud, self.region, self.zone) if p)
 
+    role: str = "worker"  # or "controller": a job's driver runs there (no GPU, no market offer)
+
     def resources(self) -> dict[str, float]:
+        if self.role == "controller":
+            return {"controller": 1.0}
         return {f"infra:{self.infra}": float(self.gpus), f"gpu:{self.gpu}": float(self.gpus)}
 
     def labels(self) -> dict[str, str]:
@@ -52,6 +58,7 @@ class NodeSpec:
             "geo-region": self.region,
             "geo-gpu": self.gpu,
             "geo-gang": self.gang,
+            "geo-role": self.role,
         }
         if self.zone:
             labels["geo-zone"] = self.zone
@@ -81,13 +88,16 @@ class LocalCluster:
                 initialize_head=True,
                 head_node_args={
                     "num_cpus": self._head_cpus,
-                    "resources": {"head": 1.0},
+                    # the head (this machine, never preempted) also takes a job's driver when
+                    # its controller node is gone (provisioner.launch_controller)
+                    "resources": {"head": 1.0, "controller": 1.0},
                     "object_store_memory": OBJECT_STORE_BYTES,
                     "include_dashboard": False,
                     "_system_config": dict(HEALTH_CHECK),
                 },
-                shutdown_at_exit=True,
+                shutdown_at_exit=_on_main_thread(),
             )
+            atexit.register(self.shutdown)  # nodes started off the main thread have no hooks
             log.info(
                 "local cloud: Ray head at %s in %.1f s",
                 self._cluster.address,
@@ -98,6 +108,10 @@ class LocalCluster:
     def add(self, spec: NodeSpec, *, timeout_s: float) -> str:
         """Start a Ray node for ``spec`` and wait until it registers; return its node id."""
         cluster = self._started()
+        # Ray's exit hooks for a node set a SIGTERM handler, which Python allows only on the
+        # main thread; a node added from another thread (the local cloud served to a driver
+        # actor, a notebook's job thread) goes without them and is shut down by ours (atexit)
+        cluster._shutdown_at_exit = _on_main_thread()
         node = cluster.add_node(
             wait=False,
             num_cpus=max(1, int(spec.vcpus)),
@@ -158,3 +172,7 @@ class LocalCluster:
         if self._cluster is not None:
             self._cluster.shutdown()
             self._cluster, self._nodes = None, {}
+
+
+def _on_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()

@@ -167,6 +167,40 @@ class LocalProvisioner(Provisioner):
         self._nodes[node_id] = node
         return node
 
+    def launch_controller(self, *, name: str, timeout_s: float = 60.0) -> Node:
+        """A small node of its own for a job's driver, as SkyPilot runs a managed job's controller
+        on a VM of its own: one CPU, no GPU, resource ``controller: 1``, not a market offer (no
+        price, never preempted by the market); ``preempt_now`` can still take it (chaos)."""
+        spec = NodeSpec(
+            name=name,
+            cloud="local",
+            region="controller",
+            zone=None,
+            gpu="none",
+            gpus=0,
+            vcpus=1,
+            gang=name,
+            role="controller",
+        )
+        with self._lock:
+            node_id = self.cluster.add(spec, timeout_s=timeout_s)
+            node = Node(
+                node_id=node_id,
+                gang=name,
+                infra=spec.infra,
+                instance_type="controller",
+                gpu="none",
+                gpus=0,
+                spot=False,
+                state=NodeState.RUNNING,
+                address=node_id,
+                launched_at_s=time.time(),
+                labels=tuple(sorted(spec.labels().items())),
+            )
+            self._nodes[node_id] = node
+        self._ensure_watcher()
+        return node
+
     def _undo(self, started: list[Node]) -> None:
         for node in started:
             self.cluster.kill(node.node_id)
@@ -195,6 +229,19 @@ class LocalProvisioner(Provisioner):
         with self._lock:
             self._notice(node_id)
         self._ensure_watcher()
+
+    def lose_now(self, node_id: str) -> None:
+        """Make the market take this node back now without notice (spot capacity can vanish
+        so): its processes are killed at once and ``NodeLost(reason="preempted")`` follows."""
+        with self._lock:
+            node = self._nodes.get(node_id)
+            if node is None or node.state not in (NodeState.RUNNING, NodeState.PREEMPTING):
+                return
+            self._deaths.pop(node_id, None)
+            self.cluster.kill(node_id)
+            self.market.release(node_id)
+            self._set_state(node_id, NodeState.LOST)
+            self._events.put(NodeLost(node_id=node_id, infra=node.infra, reason="preempted"))
 
     def preempt_location(self, infra: str, *, outage_s: float) -> list[str]:
         """Take back every running node in ``infra`` at once and offer none there for

@@ -1,7 +1,9 @@
-"""Chaos on the local simulated cloud: a seeded schedule of preemptions over 200 steps, one of them
-a whole location at once. The job must finish with the losses of the fault-free run, lose no
-committed step (every preemption comes with a notice, which the driver acts on before the node
-goes) and log each preemption with its recovery time."""
+"""Chaos on the local simulated cloud: a seeded schedule of six preemptions over 200 steps, one of
+them a whole location at once, one of them the node the driver itself runs on. The job must finish
+with the losses of the fault-free run, lose no committed step (a worker node's preemption comes with
+a notice, which the driver acts on before the node goes; when the driver's node goes, Ray restarts
+the driver elsewhere and it takes the running workers over) and log each preemption with its
+recovery time."""
 
 from __future__ import annotations
 
@@ -32,9 +34,12 @@ constraints:
 checkpointing: {{every_steps: 25, path: CHECKPOINTS, keep_last: 2}}
 runtime: {{allreduce: flat, link_emulation: false}}
 local_cloud:
-  preempt_at_steps: [20, 55, 90, 160]
-  preempt_location_at_steps: [125]   # both nodes of the job's location at once
-  notice_s: 5.0
+  preempt_at_steps: [20, 45, 150, 180]
+  preempt_location_at_steps: [165]   # both nodes of the job's location at once
+  # the driver's own (controller) node; it dies a second after the notice, some steps later, and
+  # its restart takes a few seconds: 80 steps of room before the next preemption
+  preempt_driver_at_steps: [70]
+  notice_s: 1.0
 """
 
 
@@ -47,7 +52,7 @@ def _submit(recipe_text: str, folder, name: str) -> dict:
 
 
 @pytest.mark.integration
-def test_five_preemptions_one_a_whole_location_lose_nothing(tmp_path, capsys):
+def test_six_preemptions_one_a_whole_location_one_the_drivers_node_lose_nothing(tmp_path, capsys):
     state = _submit(RECIPE, tmp_path, "chaos")
     out = capsys.readouterr().out
     assert state["phase"] == "done" and state["step"] == STEPS, out
@@ -58,11 +63,22 @@ def test_five_preemptions_one_a_whole_location_lose_nothing(tmp_path, capsys):
     assert len(moves) == 5 and state["recoveries"] == 5
     assert len(notices) == 6  # four single nodes, and the two nodes of one location
     (whole,) = [m for m in moves if "," in m["reason"]]  # the location's nodes left together
-    assert len(recovered) == 5 and all(e["details"]["recovery_s"] > 0 for e in recovered)
-    assert out.count("recovered in") == 5  # the summary lists each recovery and its time
-    # each move is followed by its recovery before the next one
-    order = [e["event"] for e in events if e["event"] in ("moving_off", "recovered")]
-    assert order == ["moving_off", "recovered"] * 5
+    # the driver's node: noticed, then the driver died with it and Ray restarted it on another
+    # node, where it took the running workers over at the step it had reached
+    (noticed,) = [e for e in events if e["event"] == "driver_notice"]
+    (restarted,) = [e for e in events if e["event"] == "driver_restarted"]
+    assert "take over the running workers" in restarted["decision"], restarted
+    assert restarted["details"]["node"] != noticed["details"]["node"]
+    assert state["driver_restarts"] == 1
+    # six pauses, each with its time: five moves and the driver's restart
+    assert len(recovered) == 6 and all(e["details"]["recovery_s"] > 0 for e in recovered)
+    assert out.count("recovered in") == 6  # the summary lists each recovery and its time
+    # each pause (a move, or the driver's restart) ends in its recovery before the next begins
+    order = [
+        e["event"] for e in events if e["event"] in ("moving_off", "driver_restarted", "recovered")
+    ]
+    assert sorted(order[0::2]) == ["driver_restarted"] + ["moving_off"] * 5
+    assert order[1::2] == ["recovered"] * 6
     assert "node_lost" not in {e["event"] for e in events}
     # the market had nothing left in that location: the plans after it went elsewhere
     gone = {

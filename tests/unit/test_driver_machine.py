@@ -33,9 +33,21 @@ class FakePlans:
         self.asked: list[frozenset] = []
         self.held: list[dict] = []
 
-    def choose(self, *, excluded: frozenset[str], held: dict[str, int]) -> Choice:
+    def choose(
+        self, *, excluded: frozenset[str], held: dict[str, int], held_only: bool = False
+    ) -> Choice:
         self.asked.append(excluded)
         self.held.append(dict(held))
+        if held_only:  # one node left somewhere: a plan on it alone
+            place = next(p for p, n in held.items() if n)
+            request = Request(infra=place, gpu="T4", count=1, spot=True, usd_per_node_hour=0.5)
+            return Choice(
+                plan={"place": place, "nodes": 1},
+                summary=f"1 x T4 in {place}",
+                requests=(request,),
+                samples_per_s=5.0,
+                usd_per_hour=0.5,
+            )
         for place in self.places:
             if place not in excluded:
                 request = Request(infra=place, gpu="T4", count=2, spot=True, usd_per_node_hour=0.5)
@@ -58,6 +70,7 @@ class FakeCloud:
         self.terminated: list[str] = []
         self.polls = 0
         self.returns: dict[str, tuple[int, int]] = {}  # place -> (at poll number, capacity)
+        self.workers: dict[str, list[str]] = {}  # running worker groups -> their nodes
 
     def launch(self, request: Request, *, gang: str) -> list[str]:
         if self.capacity.get(request.infra, 0) < request.count:
@@ -112,10 +125,15 @@ class FakeTrainer:
         self.starts: list[int | None] = []
         self.nodes: list[str] = []
         self.steps_run = 0
+        self.name: str | None = None  # the running workers' name
+        self.attached: list[str] = []
+        self.rescuable = False
 
     def start(self, plan: dict, *, restore_step: int | None) -> int:
         self.starts.append(restore_step)
         self.nodes = list(self.cloud.alive_nodes)
+        self.name = f"workers-{len(self.cloud.workers)}"
+        self.cloud.workers[self.name] = list(self.nodes)  # they outlive this trainer's driver
         good = [c for c in self.checkpoints if c <= (restore_step or 0) and c not in self.corrupt]
         return max(good, default=0)
 
@@ -132,7 +150,30 @@ class FakeTrainer:
         self.checkpoints.append(step)
 
     def stop(self) -> None:
-        self.nodes = []
+        self.cloud.workers.pop(self.name, None)
+        self.nodes, self.name = [], None
+
+    def workers_name(self) -> str | None:
+        return self.name
+
+    def attach(self, plan: dict, *, workers: str) -> bool:
+        nodes = self.cloud.workers.get(workers)
+        if not nodes or any(n not in self.cloud.alive_nodes for n in nodes):
+            self.cloud.workers.pop(workers, None)
+            return False
+        self.nodes, self.name = nodes, workers
+        self.attached.append(workers)
+        return True
+
+    def sweep(self, *, keep: str | None) -> None:
+        for name in [n for n in self.cloud.workers if n != keep]:
+            del self.cloud.workers[name]
+
+    def rescue(self, step: int) -> bool:
+        """Survivors hold every stage when ``rescuable`` (a test's choice)."""
+        if self.rescuable:
+            self.checkpoints.append(step)
+        return self.rescuable
 
 
 def make_driver(tmp_path, cloud, trainer, *, steps=20, every=5, plans=None, budget=None, **config):
@@ -224,6 +265,23 @@ def test_a_loss_without_notice_replays_from_the_periodic_checkpoint(tmp_path):
     assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]
 
 
+def test_a_loss_without_notice_with_a_surviving_replica_rolls_nothing_back(tmp_path):
+    cloud = FakeCloud({US: 2, EU: 2})
+    trainer = FakeTrainer(cloud, {12: lambda t: cloud.kill(t.nodes[1])})
+    trainer.rescuable = True  # the other replica of the (one) stage lives
+    state = make_driver(tmp_path, cloud, trainer).run()
+    assert trainer.starts == [None, 12]  # from the survivors' state after step 12
+    assert trainer.steps_run == 20  # nothing trained twice
+    assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]
+    events = list(read_events(tmp_path / "job" / "events.jsonl"))
+    (rescued,) = [e for e in events if e["event"] == "rescued"]
+    assert rescued["details"]["step"] == 12
+    # it trains on at once on the node left rather than waiting for a replacement to boot
+    planned = [e for e in events if e["event"] == "planned"]
+    assert planned[-1]["plan_after"] == f"1 x T4 in {US}"
+    assert "nodes left" in planned[-1]["decision"] and cloud.launched == 2  # the first two
+
+
 def test_capacity_refused_fails_over_to_the_next_place(tmp_path):
     cloud = FakeCloud({US: 1, EU: 2})  # US cannot give two nodes
     plans = FakePlans()
@@ -256,7 +314,7 @@ class DriverDied(BaseException):
     """Stands for the driver's process being killed (not an error the driver handles)."""
 
 
-def test_a_restarted_driver_resumes_from_its_state(tmp_path):
+def test_a_restarted_driver_takes_over_the_running_workers(tmp_path):
     cloud = FakeCloud({US: 2, EU: 2})
 
     def die(trainer):
@@ -267,11 +325,71 @@ def test_a_restarted_driver_resumes_from_its_state(tmp_path):
         make_driver(tmp_path, cloud, first).run()
     saved = StateStore(tmp_path / "job").load().state
     assert saved.phase == "train" and saved.step == 13 and saved.checkpoint_step == 10
+    assert saved.workers == first.name and saved.choice is not None
+    launched = cloud.launched
+    second = FakeTrainer(cloud)
+    state = make_driver(tmp_path, cloud, second).run()
+    # no restart, no rollback: the new driver trains on from step 13 on the same workers/nodes
+    assert state.phase == "done" and second.starts == [] and second.attached == [first.name]
+    assert first.steps_run + second.steps_run == 20
+    assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]
+    assert state.driver_restarts == 1 and cloud.launched == launched and not cloud.workers
+    restarted = [
+        e
+        for e in read_events(tmp_path / "job" / "events.jsonl")
+        if e["event"] == "driver_restarted"
+    ]
+    assert "take over the running workers at step 13" in restarted[0]["decision"]
+    assert "recovered" in names(tmp_path)  # the pause is measured like a recovery's
+
+
+def test_a_restarted_driver_whose_workers_died_resumes_from_its_checkpoint(tmp_path):
+    cloud = FakeCloud({US: 2, EU: 2})
+
+    def die(trainer):
+        raise DriverDied
+
+    first = FakeTrainer(cloud, {13: die})
+    with pytest.raises(DriverDied):
+        make_driver(tmp_path, cloud, first).run()
+    cloud.workers.clear()  # the workers went with the driver
+    launched = cloud.launched
     second = FakeTrainer(cloud)
     state = make_driver(tmp_path, cloud, second).run()
     assert state.phase == "done" and second.starts == [10]
     assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]
+    assert cloud.launched == launched  # the nodes still alive were kept, not launched again
     assert "driver_restarted" in names(tmp_path)
+
+
+def test_a_driver_that_died_while_starting_workers_frees_them_when_restarted(tmp_path):
+    cloud = FakeCloud({US: 2, EU: 2})
+
+    class DiesStarting(FakeTrainer):
+        def start(self, plan: dict, *, restore_step: int | None) -> int:
+            super().start(plan, restore_step=restore_step)
+            raise DriverDied  # the group runs, its name never reached the state
+
+    with pytest.raises(DriverDied):
+        make_driver(tmp_path, cloud, DiesStarting(cloud)).run()
+    assert list(cloud.workers) and StateStore(tmp_path / "job").load().state.workers is None
+    second = FakeTrainer(cloud)
+    state = make_driver(tmp_path, cloud, second).run()
+    assert state.phase == "done" and second.starts == [None] and not cloud.workers
+
+
+def test_a_notice_for_the_drivers_own_node_checkpoints_at_once(tmp_path):
+    cloud = FakeCloud({US: 2, EU: 2})
+
+    def notice_driver(trainer):
+        cloud.events.append(PreemptionNotice(node_id="controller", infra="local/c", deadline_s=1))
+
+    trainer = FakeTrainer(cloud, {7: notice_driver})
+    driver = make_driver(tmp_path, cloud, trainer)
+    driver.own_node = "controller"
+    state = driver.run()
+    assert state.phase == "done" and 8 in trainer.checkpoints  # the step committed after it
+    assert trainer.starts == [None] and "driver_notice" in names(tmp_path)
 
 
 def test_a_corrupt_checkpoint_falls_back_to_the_previous_good_one(tmp_path):
@@ -345,7 +463,9 @@ class CapacityPlans(FakePlans):
         super().__init__()
         self.cloud, self.us_rate = cloud, us_rate
 
-    def choose(self, *, excluded: frozenset[str], held: dict[str, int]) -> Choice:
+    def choose(
+        self, *, excluded: frozenset[str], held: dict[str, int], held_only: bool = False
+    ) -> Choice:
         self.asked.append(excluded)
         room = self.cloud.capacity.get(US, 0) + held.get(US, 0)
         place, rate = (US, self.us_rate) if room >= 2 and US not in excluded else (EU, 10.0)
@@ -435,8 +555,8 @@ def test_a_plan_that_would_miss_the_deadline_is_left_even_at_a_higher_price(tmp_
     (10 samples/s at $1/h), but 30 steps x 100 samples left in 200 s need 15 samples/s."""
 
     class DearUS(CapacityPlans):
-        def choose(self, *, excluded, held) -> Choice:
-            choice = super().choose(excluded=excluded, held=held)
+        def choose(self, *, excluded, held, held_only=False) -> Choice:
+            choice = super().choose(excluded=excluded, held=held, held_only=held_only)
             return replace(choice, usd_per_hour=4.0) if US in choice.summary else choice
 
     cloud = FakeCloud({US: 0, EU: 2})

@@ -1,0 +1,153 @@
+"""The driver as a named, detached Ray actor that Ray restarts when it dies.
+
+``python -m orchestrator submit`` starts the local cloud, then the job's driver as the actor
+``driver-<job>`` (namespace ``geo-orchestrator``, ``max_restarts=-1``) on a controller node of its
+own (resource ``controller``, which the head also carries: a restart lands there, never on a
+training node), and follows it. The actor builds the driver (job.py) from the job's folder each time it starts:
+when its node is preempted, Ray starts it again on another node, it loads the persisted state
+(state.py) and takes the job over (machine.py: ``Driver._restarted``). The actor reaches the local
+cloud through its gateway (provisioners/local/gateway.py), as a real deployment reaches a cloud's
+API; its workers are detached Ray actors that outlive it (runtime/group.py).
+
+``follow`` is the submitting side: it waits on the actor's ``progress`` (a condition the driver's
+thread signals at every committed step; no polling by sleeps), shows each new step and returns the
+final state. A ``progress`` call cut off by the actor's death is retried by Ray once the actor is
+back (``max_task_retries=-1``).
+"""
+
+from __future__ import annotations
+
+import threading
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+from orchestrator.driver.machine import Choice, StepResult
+from orchestrator.driver.state import JobState
+from orchestrator.errors import UserError
+from orchestrator.recipe.schema import Recipe
+
+NAMESPACE = "geo-orchestrator"
+PROGRESS_WAIT_S = 30.0  # one progress call returns after this long even without a new step
+
+
+class DriverCrashed(RuntimeError):
+    """The driver stopped on an unexpected error (a bug); carries the driver's traceback."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DriverSpec:
+    """What the actor needs to build its driver, on every start (Ray passes it again)."""
+
+    recipe: Recipe  # with its profile measured on this machine (job.py)
+    recipe_path: str
+    jobs_dir: str
+    gateway: str  # the local cloud's gateway actor
+    preempt_at: tuple[int, ...] = ()
+    preempt_location_at: tuple[int, ...] = ()
+    preempt_driver_at: tuple[int, ...] = ()
+    lose_at: tuple[int, ...] = ()  # nodes taken without notice
+
+
+class DriverActor:
+    """Runs the driver in a thread; ``progress`` reports on it."""
+
+    def __init__(self, spec: DriverSpec) -> None:
+        import ray
+
+        from orchestrator.driver.job import build_driver
+
+        self._changed = threading.Condition()
+        self._finished, self._error = False, None
+        self._node = ray.get_runtime_context().get_node_id()
+        self.driver = build_driver(spec, own_node=self._node, on_step=self._stepped)
+        self._thread = threading.Thread(target=self._run, name="driver", daemon=True)
+        self._thread.start()
+
+    def _stepped(self, state: JobState, result: StepResult) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def _run(self) -> None:
+        try:
+            self.driver.run()
+        except UserError as error:  # bad input: reported to the submitter, which exits 2
+            self._error = error
+        except Exception:  # any: a bug, shown to the submitter with its traceback
+            self._error = DriverCrashed(traceback.format_exc())
+        finally:
+            with self._changed:
+                self._finished = True
+                self._changed.notify_all()
+
+    def progress(self, after_version: int, timeout_s: float = PROGRESS_WAIT_S) -> dict:
+        """The job's state once it is newer than ``after_version`` (or the job ended, or
+        ``timeout_s`` passed): its state, whether the driver finished, its error, its plan."""
+        with self._changed:
+            self._changed.wait_for(
+                lambda: self._finished or self.driver.state.version > after_version, timeout_s
+            )
+            choice = self.driver.session.choice
+            return {
+                "state": self.driver.state.to_dict(),
+                "finished": self._finished,
+                "error": self._error,
+                "choice": None if choice is None else asdict(choice),
+                "node": self._node,
+            }
+
+
+def start_driver(spec: DriverSpec, *, job: str, node: str | None):
+    """The job's driver actor, on ``node`` while that node lives (soft affinity: a restart goes
+    wherever Ray finds room)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    if node is not None:
+        # a node just registered may not take work yet, and soft affinity would then go to
+        # another node: wait until a task runs there
+        ready = ray.remote(_ready).options(
+            num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(node_id=node, soft=False)
+        )
+        ray.get(ready.remote(), timeout=60)
+    strategy = None if node is None else NodeAffinitySchedulingStrategy(node_id=node, soft=True)
+    remote = ray.remote(DriverActor).options(
+        name=f"driver-{job}",
+        namespace=NAMESPACE,
+        lifetime="detached",
+        max_restarts=-1,
+        max_task_retries=-1,
+        max_concurrency=4,  # progress calls beside the driver's own thread
+        num_cpus=0,
+        # controller nodes and the head carry it: a restart after the controller node's loss
+        # lands on the head, never on a node that trains (whose loss would take both)
+        resources={"controller": 0.001},
+        scheduling_strategy=strategy,
+    )
+    return remote.remote(spec)
+
+
+def _ready() -> None:
+    """Runs on a node to show it takes work."""
+
+
+def follow(
+    actor, on_step: Callable[[JobState, StepResult], None] | None
+) -> tuple[JobState, Choice | None]:
+    """Wait for the job to end, calling ``on_step`` for each newly committed step seen; the final
+    state and plan. Raises the driver's UserError."""
+    import ray
+
+    version, step = -1, -1
+    while True:
+        report = ray.get(actor.progress.remote(version))
+        state = JobState.from_dict(report["state"])
+        version = state.version
+        if on_step is not None and state.step > step and state.losses:
+            on_step(state, StepResult(loss=state.losses[-1]))
+        step = max(step, state.step)
+        if report["finished"]:
+            if report["error"] is not None:
+                raise report["error"]
+            choice = report["choice"]
+            return state, None if choice is None else Choice.from_dict(choice)

@@ -1,0 +1,120 @@
+"""What the driver (machine.py) talks to and in: its collaborators' protocols, the plan choice
+and node requests it holds, the result of a step, its typed errors and its configuration.
+
+The collaborators are implemented for real in world.py and by hand-written fakes in
+tests/unit/test_driver_machine.py; the machine runs the same against either.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+
+class WorkersLost(Exception):
+    """A training step failed because workers (or their nodes) are gone."""
+
+
+class CapacityRefused(Exception):
+    """A place could not give the nodes asked for (the provisioner's CapacityError or QuotaError)."""
+
+    def __init__(self, infra: str, message: str) -> None:
+        super().__init__(message)
+        self.infra = infra
+
+
+@dataclass(frozen=True, kw_only=True)
+class Request:
+    """Nodes to launch in one place for a plan, with their price."""
+
+    infra: str
+    gpu: str
+    count: int
+    spot: bool
+    usd_per_node_hour: float
+    instance_type: str = ""  # the offer's; empty where the cloud picks
+
+
+@dataclass(frozen=True, kw_only=True)
+class Choice:
+    plan: dict  # the plan format
+    summary: str  # e.g. "2 stages x 2 replicas: T4 in local/sim-us/sim-us-a (2), ..."
+    requests: tuple[Request, ...]
+    samples_per_s: float  # predicted
+    usd_per_hour: float  # predicted, compute
+
+    @classmethod
+    def from_dict(cls, document: dict) -> Choice:
+        """The inverse of ``dataclasses.asdict`` (the driver persists its choice so)."""
+        return cls(**{**document, "requests": tuple(Request(**r) for r in document["requests"])})
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepResult:
+    loss: float
+    egress_bytes: float = 0.0
+    egress_usd: float = 0.0
+
+
+class PlanSource(Protocol):
+    def choose(
+        self, *, excluded: frozenset[str], held: dict[str, int], held_only: bool = False
+    ) -> Choice:
+        """The best plan now; ``held``: nodes this job already holds per place (free to it);
+        ``held_only``: on those nodes alone (no launch)."""
+
+
+class Cloud(Protocol):
+    def launch(self, request: Request, *, gang: str) -> list[str]: ...
+    def terminate(self, node_ids: Sequence[str]) -> None: ...
+    def alive(self, node_ids: Sequence[str]) -> set[str]: ...
+    def poll_events(self, *, timeout_s: float = 0.0) -> list: ...
+
+
+class Trainer(Protocol):
+    def start(self, plan: dict, *, restore_step: int | None) -> int:
+        """Start on ``plan`` from the checkpoint at ``restore_step`` (None: from scratch);
+        return the step training resumes at (older than asked when that checkpoint is bad)."""
+
+    def step(self, step: int) -> StepResult: ...
+    def checkpoint(self, step: int) -> None: ...
+    def stop(self) -> None: ...
+
+    def workers_name(self) -> str | None:
+        """The running workers' name, by which a restarted driver finds them (None: none)."""
+
+    def attach(self, plan: dict, *, workers: str) -> bool:
+        """Take over the running workers ``workers`` of ``plan`` (a restarted driver); False, and
+        what is left of them freed, when they are not all alive."""
+
+    def sweep(self, *, keep: str | None) -> None:
+        """Free every worker group of this job but ``keep`` (what an earlier driver left)."""
+
+    def rescue(self, step: int) -> bool:
+        """After a worker died: checkpoint the state after ``step`` committed steps from the
+        workers still alive, when each stage has one holding it; False when some stage has none."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DriverConfig:
+    steps: int
+    checkpoint_every_steps: int
+    budget_usd: float | None = None
+    max_recoveries: int = 50
+    # plan switching: every this many steps, ask the market for the best plan now (None: never)
+    replan_every_steps: int | None = None
+    samples_per_step: int = 1  # the global batch
+    goal: str = "max_throughput"  # what a switch must gain: time, or dollars with "min_cost"
+    switch_margin: float = 2.0  # the gain must beat this many times the move's cost
+    migration_s: float = 15.0  # a move's pause before one is measured (then: their median)
+    # once training began, how long to wait for the market to offer a plan again (0: stop at once)
+    capacity_wait_s: float = 0.0
+    capacity_poll_s: float = 5.0  # each look waits this long for the provider's next event
+    deadline_s: float | None = None  # the recipe's deadline, seconds after the job began
+
+
+def deadline_rate(*, samples_left: float, seconds_left: float) -> float:
+    """Samples/s that finish ``samples_left`` in ``seconds_left``; past (or at) the deadline, what
+    finishing in one more minute takes: as fast as the market allows."""
+    return samples_left / max(seconds_left, 60.0)
