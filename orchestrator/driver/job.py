@@ -223,7 +223,7 @@ def build_driver(
     from provisioners.local.gateway import RemoteProvisioner
 
     recipe, catalog = spec.recipe, default_catalog()
-    store = StateStore(Path(spec.jobs_dir) / (recipe.name or Path(spec.recipe_path).stem))
+    store = StateStore(job_folder(recipe, Path(spec.recipe_path), Path(spec.jobs_dir)))
     state = store.load().state
     provisioner = RemoteProvisioner(spec.gateway)
     network = None
