@@ -12,8 +12,10 @@ Usage: python bench/fidelity.py [--model gpt-mini] [--chunks 4] [--steps 3] [--w
    links, latency-aware warm-up, fp16/int8 compression of the cross-region hop): the runtime's Ray
    actor group on a local Ray cluster, its links emulated at the latency and bandwidth the
    simulator assumes. Profiling and training take turns: a measurement, the warm-up steps, then
-   ``--chunks`` times (``--steps`` timed steps, a measurement). This shared VM's speed drifts by
-   up to ~15% within a minute; taken in turn, the profile and the steps see the same drift.
+   ``--chunks`` times (an untimed step, ``--steps`` timed steps, a measurement). This shared VM's
+   speed drifts by up to ~15% within a minute; taken in turn, the profile and the steps see the
+   same drift. (The untimed step: the first step after a measurement runs on caches the
+   profilers left cold, which steady training never sees.)
 3. Predict the iteration time with the simulator on the mean of that layout's measurements and
    the catalog's network, exactly as `simulate` does, against the mean timed step; and each
    worker's peak tensor memory (runtime/memory.py) against the simulator's peak less its per-GPU
@@ -149,10 +151,10 @@ def run_interleaved(
     layout_for, config, profilers: _Profilers, *, chunks: int, steps: int, warmup_steps: int
 ) -> tuple[float, list, list[dict]]:
     """Profile and train in turn: a measurement, the group's start and ``warmup_steps``, then
-    ``chunks`` times (``steps`` timed steps, a measurement). This VM's speed drifts by up to ~15%
-    within a minute; taken in turn, the profile and the steps see the same drift, so what is left
-    between them is the model's error. Returns the mean seconds per timed step, every
-    measurement, and each worker's counters at the end. ``layout_for(first measurement)`` gives
+    ``chunks`` times (an untimed step, ``steps`` timed steps, a measurement). This VM's speed
+    drifts by up to ~15% within a minute; taken in turn, the profile and the steps see the same
+    drift, so what is left between them is the model's error. Returns the mean seconds per timed
+    step, every measurement, and each worker's counters at the end. ``layout_for(first measurement)`` gives
     the layout (a latency-aware warm-up depends on the profile)."""
     from runtime.group import WorkerGroup
 
@@ -164,6 +166,10 @@ def run_interleaved(
             group.step(step)
         step = warmup_steps
         for _ in range(chunks):
+            # one untimed step first: the profilers just ran on these cores and left the caches
+            # and memory pages cold for the workers, which steady training never sees
+            group.step(step)
+            step += 1
             for _ in range(steps):
                 start = time.perf_counter()
                 group.step(step)
@@ -258,7 +264,7 @@ def main() -> None:
     catalog = default_catalog()
     network, prices, settings = views_for(catalog, catalog.market("local"))
     config = TrainConfig(
-        steps=args.warmup_steps + args.chunks * args.steps,
+        steps=args.warmup_steps + args.chunks * (args.steps + 1),
         global_batch_size=args.global_batch,
         microbatch_size=args.microbatch,
     )

@@ -39,9 +39,12 @@ class SendPacer:
         self._stop = False
         # The pacing thread needs the GIL at each due time, and a training thread running Python
         # gives it up only every switch interval (5 ms by default): each message would arrive up
-        # to 5 ms late, a pipeline's many small messages adding up to ~10% of a step. Sub-ms
-        # switching costs the training thread nothing measurable (there is no other Python work).
-        sys.setswitchinterval(min(sys.getswitchinterval(), SWITCH_INTERVAL_S))
+        # to 5 ms late, a pipeline's many small messages adding up to ~10% of a step. So while
+        # messages are queued the interval is sub-ms; it goes back as soon as none is: kept
+        # sub-ms all the time, every other thread of the process (Ray's) that wants the GIL
+        # preempts the training thread within 0.2 ms, which cost data-parallel workers with
+        # emulated links (no sends to pace) ~10% of their compute on a busy 2-core machine.
+        self._default_interval = sys.getswitchinterval()
         self._thread = threading.Thread(target=self._run, name="link-pacer", daemon=True)
         self._thread.start()
 
@@ -56,6 +59,8 @@ class SendPacer:
             self._channel_free[peer] = leaves
             item = (leaves + latency_s, next(self._order), tensor, peer, record)
             heapq.heappush(self._heap, item)
+            if not self._busy:
+                sys.setswitchinterval(min(self._default_interval, SWITCH_INTERVAL_S))
             self._busy += 1
             self._ready.notify()
 
@@ -75,6 +80,8 @@ class SendPacer:
                 except RuntimeError as error:  # surfaced to the training thread by drain()
                     self._error = error
                 self._busy -= 1
+                if not self._busy:
+                    sys.setswitchinterval(self._default_interval)
                 self._ready.notify_all()
 
     def wait_sent(self) -> None:
@@ -104,6 +111,7 @@ class SendPacer:
         with self._ready:
             self._stop = True
             self._ready.notify_all()
+            sys.setswitchinterval(self._default_interval)
         self._thread.join(timeout=5)
 
 
