@@ -140,6 +140,8 @@ class Driver:
         nodes and workers all live; otherwise re-plan from the newest checkpoint, keeping the
         nodes still alive."""
         state = self.state
+        # the pause is measured from the dead driver's last save (it lived until then)
+        self.session.lost_at_s = self.clock() - max(0.0, self.wall() - state.updated_at_s)
         kinds = {n: Request(**k) for n, k in state.node_kinds.items() if n in state.nodes}
         alive = self.cloud.alive(list(kinds)) if kinds else set()
         self.session.nodes = {n: r for n, r in kinds.items() if n in alive}
@@ -149,8 +151,6 @@ class Driver:
             if self.trainer.attach(state.plan, workers=state.workers):
                 self.trainer.sweep(keep=state.workers)  # any group it was starting besides
                 self.session.choice = Choice.from_dict(state.choice)
-                # the pause is measured from the dead driver's last save (it lived until then)
-                self.session.lost_at_s = self.clock() - max(0.0, self.wall() - state.updated_at_s)
                 self._log(
                     "driver_restarted",
                     f"take over the running workers at step {state.step}",
@@ -160,8 +160,6 @@ class Driver:
                 return Phase.TRAIN
         # the groups it ran or was still starting (their names may not have been recorded)
         self.trainer.sweep(keep=None)
-        # the pause is measured from the dead driver's last save (it lived until then)
-        self.session.lost_at_s = self.clock() - max(0.0, self.wall() - state.updated_at_s)
         self._save(workers=None)
         self._log(
             "driver_restarted",
