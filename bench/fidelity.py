@@ -237,7 +237,7 @@ def main() -> None:
         "--profile-repeats",
         type=int,
         default=6,
-        help="timed whole-model passes per measurement (each layer's figure: their median)",
+        help="timed whole-model passes per measurement (each layer's figure: their mean)",
     )
     parser.add_argument(
         "--profile-copies",

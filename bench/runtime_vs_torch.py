@@ -21,7 +21,8 @@ schedule's ``loss_fn`` multiplies by ``microbatch / global batch`` with ``scale_
 default, ``scale_grads=True``, divides the summed gradients by the microbatch count afterwards: the
 same mean, in another rounding order). The tied embedding/head weight sits on both pipeline stages;
 torch's pipelining does not sync it, so its side all-reduces that gradient after each step, as ours
-does (as Megatron-LM does).
+does (as Megatron-LM does). Same allocator setting: each torch rank keeps glibc's freed memory as
+our CPU workers do (runtime/memory.py ``keep_freed_memory``), so the comparison is of the runtimes.
 
 Both sides stay started for the whole run and take turns, repeat by repeat (A, B, then B, A, ...),
 because this VM is shared and its speed drifts: each turn runs ``--warmup-steps`` untimed steps and
@@ -250,8 +251,11 @@ def _torch_rank(
     import torch
     import torch.distributed as dist
 
+    from runtime.memory import keep_freed_memory
+
     try:
         torch.set_num_threads(1)  # one CPU slot per rank, as each of our workers has
+        keep_freed_memory()  # glibc kept as our CPU workers keep it: the runtimes are compared
         dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD)
         train_step = (_ddp_trainer if kind == "dp" else _pipeline_trainer)(config, rank)
         results.put(("ready",))

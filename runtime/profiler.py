@@ -6,8 +6,9 @@ the next-token loss with a stamp as each layer's output gradient is ready (a ten
 ``i``'s backward is the time between the gradient reaching its output and reaching its input.
 Timing each layer on its own instead reads ~10% more backward time than the same layers take
 chained (one autograd call per layer, a gradient made up for the output), which the simulator
-would then predict for every stage. Per layer and microbatch size we record the median of
-``repeats`` timed runs after ``warmup`` untimed ones of:
+would then predict for every stage. Per layer and microbatch size we record the mean of
+``repeats`` timed runs after ``warmup`` untimed ones (the mean, not the median: training pays the
+slow runs too, and throughput is a mean; on a shared CPU the median read ~1.6% under the mean) of:
 
 - forward: the layer's forward with autograd recording;
 - backward: the layer's part of the backward (the head's includes the next-token loss);
@@ -36,6 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from runtime.memory import keep_freed_memory
 from runtime.models.gpt import build_layers, next_token_loss
 from runtime.models.specs import GptSpec
 
@@ -47,7 +49,7 @@ class ProfilerConfig:
     """What to measure and how often."""
 
     microbatch_sizes: tuple[int, ...]
-    repeats: int = 5  # timed runs per figure; the median is kept
+    repeats: int = 5  # timed runs per figure; their mean is kept
     warmup: int = 2  # untimed runs first (allocator, lazy optimizer state, kernel selection)
     optimizer: str = "adamw"
     device: str = "cpu"  # "cpu" or "cuda"
@@ -143,6 +145,8 @@ def profile_gpt(spec: GptSpec, config: ProfilerConfig) -> ModelMeasurement:
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ValueError("device cuda asked for, but torch sees no CUDA device")
+    if device.type == "cpu":
+        keep_freed_memory()  # as a CPU worker trains (runtime/memory.py)
     threads_before = torch.get_num_threads()
     if config.threads is not None:
         # A local worker is one CPU slot standing in for one GPU (runtime/actor.py): measure alike.
@@ -228,15 +232,15 @@ def _in_graph_seconds(
     config: ProfilerConfig,
     clock: _Clock,
 ) -> list[tuple[float, float]]:
-    """Per layer, the median (forward, backward) seconds of whole-model passes."""
+    """Per layer, the mean (forward, backward) seconds of whole-model passes."""
     runs = [
         _chained_pass(layers, inputs, targets, clock) for _ in range(config.warmup + config.repeats)
     ]
     timed = runs[config.warmup :]
     return [
         (
-            statistics.median(run[i][0] for run in timed),
-            statistics.median(run[i][1] for run in timed),
+            statistics.fmean(run[i][0] for run in timed),
+            statistics.fmean(run[i][1] for run in timed),
         )
         for i in range(len(layers))
     ]
@@ -290,10 +294,10 @@ def _pass_seconds(
     config: ProfilerConfig,
     clock: _Clock,
 ) -> tuple[float, float]:
-    """Median (forward, backward) seconds after the warm-up runs."""
+    """Mean (forward, backward) seconds after the warm-up runs."""
     timed = [_one_pass(run, clock) for _ in range(config.warmup + config.repeats)]
     forwards, backwards = zip(*timed[config.warmup :], strict=True)
-    return statistics.median(forwards), statistics.median(backwards)
+    return statistics.fmean(forwards), statistics.fmean(backwards)
 
 
 def _one_pass(
@@ -335,7 +339,7 @@ def _make_optimizer(params: list[nn.Parameter], name: str) -> torch.optim.Optimi
 def _update_seconds(
     owned: Sequence[list[nn.Parameter]], config: ProfilerConfig, clock: _Clock
 ) -> list[float]:
-    """Per layer, the median seconds of one optimizer step over its parameters (copies, so the
+    """Per layer, the mean seconds of one optimizer step over its parameters (copies, so the
     model is untouched). Each timed round steps every layer in order, as a stage's optimizer
     walks its parameters: a layer's state is then out of cache as it is in training (timing one
     layer's step over and over reads it warm, ~30% faster for gpt-mini on this machine)."""
@@ -349,4 +353,4 @@ def _update_seconds(
     for _ in range(config.warmup + config.repeats):
         rounds.append([clock.seconds(o.step) if o is not None else 0.0 for o in optimizers])
     timed = rounds[config.warmup :]
-    return [statistics.median(r[i] for r in timed) for i in range(len(owned))]
+    return [statistics.fmean(r[i] for r in timed) for i in range(len(owned))]

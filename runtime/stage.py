@@ -101,6 +101,7 @@ class StageRunner:
             self.optimizer.step()
             self.applied = step + 1
         self.memory.sample()
+        self.memory.step_done()
         end = time.perf_counter()
         phases = {k: v - waited.get(k, 0.0) for k, v in self.comm.wait_s.items()}
         phases["optimizer"] = end - optimizer_start

@@ -39,7 +39,7 @@ def add_profile(commands: argparse._SubParsersAction, formatter: type) -> None:
     p = commands.add_parser(
         "profile",
         help="measure the recipe's model layer by layer on this machine and write a profile",
-        description="Time each layer's forward, backward and optimizer step (median of --repeats runs "
+        description="Time each layer's forward, backward and optimizer step (mean of --repeats runs "
         "after warm-up) and measure its parameters, bytes kept for backward and elements sent on, "
         "for each microbatch size, on this machine's device (CUDA if present, else CPU with one "
         "thread, like a local worker). Writes a profile .json (docs/profile.md) with source "
@@ -171,7 +171,7 @@ def _origin(measurement: ModelMeasurement, gpu: str) -> str:
     )
     return (
         f"measured by `python -m orchestrator profile` on {where}; torch {measurement.torch_version}, "
-        f"median of {measurement.repeats} runs per figure"
+        f"mean of {measurement.repeats} runs per figure"
     )
 
 
