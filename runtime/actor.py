@@ -12,6 +12,10 @@ import socket
 from runtime.layout import Layout
 from runtime.reference import TrainConfig
 
+# A node that emulates a slower device (the local simulated cloud's noisy neighbour) carries this Ray
+# node label, a factor > 1: its worker's forwards and backwards take that many times as long.
+SLOWDOWN_LABEL = "geo-slowdown"
+
 
 class StageWorker:
     def __init__(self, layout: Layout, rank: int, config: TrainConfig, corpus_bytes: int) -> None:
@@ -48,8 +52,14 @@ class StageWorker:
         workload = build_workload(
             self.layout.model, seed=self.config.seed, corpus_bytes=self.corpus_bytes
         )
+        labels = ray.get_runtime_context().get_node_labels()
         self.runner = StageRunner(
-            self.layout, self.rank, config=self.config, workload=workload, comm=comm
+            self.layout,
+            self.rank,
+            config=self.config,
+            workload=workload,
+            comm=comm,
+            slowdown=float(labels.get(SLOWDOWN_LABEL, 1.0)),
         )
         return ray.get_runtime_context().get_node_id()
 

@@ -22,6 +22,7 @@ from runtime.layout import Layout
 from runtime.reference import TrainConfig
 
 RENDEZVOUS_ATTEMPTS = 3
+NODE_ID_LABEL = "ray.io/node-id"  # every Ray node carries its id as this label
 NAMESPACE = "geo-orchestrator"
 
 
@@ -59,9 +60,12 @@ class WorkerGroup:
         corpus_bytes: int = 2**20,
         timeout_s: float = 120.0,
         name: str | None = None,
+        nodes: tuple[str, ...] | None = None,
     ) -> WorkerGroup:
         """Place and set up one worker per rank; ``name``: a detached, named group (unique per
-        start: a failed start's names are not reused)."""
+        start: a failed start's names are not reused); ``nodes``: the Ray node id of each rank
+        (a restart that keeps each rank on the node it ran on, e.g. so a re-balanced share of
+        the batch stays with the node it was measured on)."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -70,8 +74,11 @@ class WorkerGroup:
         bundles = [
             {"CPU": 1.0, **({f"infra:{w.place}": 1.0} if by_place else {})} for w in layout.workers
         ]
-        named = {} if name is None else {"name": f"{name}-gang", "lifetime": "detached"}
-        group = placement_group(bundles, strategy="PACK", **named)
+        options = {} if name is None else {"name": f"{name}-gang", "lifetime": "detached"}
+        if nodes is not None:
+            assert len(nodes) == len(bundles), "one node per rank"
+            options["bundle_label_selector"] = [{NODE_ID_LABEL: n} for n in nodes]
+        group = placement_group(bundles, strategy="PACK", **options)
         try:
             ray.get(group.ready(), timeout=timeout_s)
         except ray.exceptions.GetTimeoutError:

@@ -38,10 +38,20 @@ def one_f_one_b(microbatches: int, warmup: int) -> list[tuple[str, int]]:
 
 class StageRunner:
     def __init__(
-        self, layout: Layout, rank: int, *, config: TrainConfig, workload: Workload, comm: Comm
+        self,
+        layout: Layout,
+        rank: int,
+        *,
+        config: TrainConfig,
+        workload: Workload,
+        comm: Comm,
+        slowdown: float = 1.0,
     ) -> None:
         worker = layout.workers[rank]
         self.layout, self.rank, self.config, self.comm = layout, rank, config, comm
+        # emulates a device this many times slower (a simulated cloud's noisy neighbour): each
+        # forward and backward is followed by an idle wait of (slowdown - 1) times its length
+        self.slowdown = slowdown
         self.workload = workload
         self.stage, self.replica = worker.stage, worker.replica
         self.microbatches = worker.microbatches
@@ -121,12 +131,18 @@ class StageRunner:
         kept: dict[int, tuple] = {}
         loss_sum = 0.0
         for kind, j in one_f_one_b(self.microbatches, self.layout.warmup[self.stage]):
+            started, waited = time.perf_counter(), sum(self.comm.wait_s.values())
             if kind == "F":
                 kept[j] = self._forward(step, j)
                 if self.last:
                     loss_sum += kept[j][1].item()
             else:
                 self._backward(j, *kept.pop(j))
+            if self.slowdown > 1.0:
+                # not a synchronisation: the emulated device is busy this long (counted as
+                # compute); waits for a peer's tensor are not the device's work
+                busy = time.perf_counter() - started - (sum(self.comm.wait_s.values()) - waited)
+                time.sleep((self.slowdown - 1.0) * busy)
             self.memory.sample()
         self.comm.finish_sends()
         self._sync_gradients()

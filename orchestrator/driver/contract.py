@@ -55,6 +55,10 @@ class StepResult:
     loss: float
     egress_bytes: float = 0.0
     egress_usd: float = 0.0
+    # per pipeline: its slowest stage's compute seconds per microbatch this step, and the
+    # microbatches it runs per step (straggler.py); None / () where not measured
+    pipeline_s: tuple[float, ...] | None = None
+    pipeline_microbatches: tuple[int, ...] = ()
 
 
 class PlanSource(Protocol):
@@ -73,9 +77,10 @@ class Cloud(Protocol):
 
 
 class Trainer(Protocol):
-    def start(self, plan: dict, *, restore_step: int | None) -> int:
+    def start(self, plan: dict, *, restore_step: int | None, same_nodes: bool = False) -> int:
         """Start on ``plan`` from the checkpoint at ``restore_step`` (None: from scratch);
-        return the step training resumes at (older than asked when that checkpoint is bad)."""
+        return the step training resumes at (older than asked when that checkpoint is bad).
+        ``same_nodes``: each rank on the node it ran on last time (a re-balance)."""
 
     def step(self, step: int) -> StepResult: ...
     def checkpoint(self, step: int) -> None: ...
@@ -112,6 +117,10 @@ class DriverConfig:
     capacity_wait_s: float = 0.0
     capacity_poll_s: float = 5.0  # each look waits this long for the provider's next event
     deadline_s: float | None = None  # the recipe's deadline, seconds after the job began
+    # stragglers (straggler.py): the median of this many steps' speeds per pipeline decides
+    # (None: never re-balance), when the slowest is this many times the fastest
+    straggler_window_steps: int | None = 5
+    straggler_threshold: float = 1.25
 
 
 def deadline_rate(*, samples_left: float, seconds_left: float) -> float:

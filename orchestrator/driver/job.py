@@ -34,6 +34,9 @@ STOP_FILE = "stop.request"
 CAPACITY_WAIT_S = 300.0  # after a loss, how long to wait for the market to have room again
 LOCATION_OUTAGE_S = 3600.0  # market seconds a location preempted as a whole offers nothing
 METRICS_FILE = "metrics.jsonl"
+# a move's pause on the local cloud until one is measured: a restart from a checkpoint took
+# 4.6-6.9 s (median 5.1 s) in bench/recovery.py --path checkpoint
+LOCAL_MIGRATION_S = 5.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -104,7 +107,12 @@ def run_job(recipe_path: Path, catalog: Catalog, options: RunOptions) -> RunResu
     from provisioners.local.provisioner import LocalProvisioner
 
     notice_s = options.notice_s if options.notice_s is not None else local.notice_s
-    provisioner = LocalProvisioner(seed=recipe.training.seed, notice_s=notice_s)
+    provisioner = LocalProvisioner(
+        seed=recipe.training.seed,
+        notice_s=notice_s,
+        slow_nodes=local.slow_nodes,
+        slowdown=local.slowdown,
+    )
     started = time.monotonic()
     try:
         final, choice = _run_on_local_cloud(provisioner, spec, folder.name, options)
@@ -278,6 +286,7 @@ def build_driver(
             samples_per_step=recipe.training.global_batch_size,
             goal=recipe.objective.goal,
             capacity_wait_s=CAPACITY_WAIT_S,
+            migration_s=LOCAL_MIGRATION_S,
             deadline_s=recipe.objective.deadline_h * 3600 if recipe.objective.deadline_h else None,
         ),
         state=state,

@@ -47,10 +47,11 @@ from orchestrator.driver.contract import (  # the machine's vocabulary (importab
     StepResult,
     Trainer,
     WorkersLost,
-    deadline_rate,
 )
 from orchestrator.driver.events import Event, EventLog
+from orchestrator.driver.moves import Moves
 from orchestrator.driver.state import JobState, StateStore
+from orchestrator.driver.straggler import StragglerWatch
 from orchestrator.errors import UserError
 from provisioners.base import NodeLost, PreemptionNotice
 
@@ -86,13 +87,16 @@ class _Session:
     held_only: bool = False  # re-plan on the nodes left (rescued): train on now, grow later
     step_from_s: float = 0.0  # when the step being trained began
     billed_at_s: float = 0.0
+    stragglers: StragglerWatch | None = None  # the running workers' speeds (straggler.py)
+    last_result: StepResult | None = None  # of the step committed last
+    same_nodes: bool = False  # the next start puts each rank where it ran (a re-balance)
 
 
 def _same_kind(a: Request, b: Request) -> bool:
     return (a.infra, a.gpu, a.spot, a.instance_type) == (b.infra, b.gpu, b.spot, b.instance_type)
 
 
-class Driver:
+class Driver(Moves):
     def __init__(
         self,
         *,
@@ -254,7 +258,8 @@ class Driver:
         choice, wanted = self.session.choice, self.state.checkpoint_step
         assert choice is not None
         try:
-            resumed = self.trainer.start(choice.plan, restore_step=wanted)
+            same_nodes, self.session.same_nodes = self.session.same_nodes, False
+            resumed = self.trainer.start(choice.plan, restore_step=wanted, same_nodes=same_nodes)
         except WorkersLost as lost:
             return self._lost(str(lost))
         if resumed != self.state.step:
@@ -270,6 +275,10 @@ class Driver:
                 checkpoint_step=resumed or None,
             )
         self.session.waiting_since_s = None  # running again: a later squeeze waits afresh
+        window = self.config.straggler_window_steps
+        if window:  # these workers' speeds, from their first step on
+            threshold = self.config.straggler_threshold
+            self.session.stragglers = StragglerWatch(window=window, threshold=threshold)
         self._save(workers=self.trainer.workers_name())
         self._log(
             "started",
@@ -294,9 +303,8 @@ class Driver:
             self._commit(self.trainer.step(self.state.step))
             if self._over_budget():
                 return Phase.DONE
-            phase = self._reconsider()
-            if phase is not None:
-                return phase
+            if self._reconsider() or self._rebalance():  # moving: launch the new plan
+                return Phase.LAUNCH
             if self.stop_requested():
                 self._checkpoint("a stop request")
                 self._finish()
@@ -407,76 +415,6 @@ class Driver:
         self.session.excluded.clear()  # places that refused may have room again
         return True
 
-    def _reconsider(self) -> Phase | None:
-        """Every ``replan_every_steps``: is there a better plan on the market now (capacity back,
-        prices moved)? Move to it only when what it gains over the rest of the job beats the move's
-        cost (a pause as long as this job's recoveries, times ``switch_margin``); the move
-        checkpoints the step just committed, so it loses nothing."""
-        every, current = self.config.replan_every_steps, self.session.choice
-        if not every or self.state.step % every or self.state.step >= self.config.steps:
-            return None
-        assert current is not None
-        try:
-            best = self.plans.choose(excluded=frozenset(), held=self._held_by_place())
-        except UserError:
-            return None  # nothing feasible now: keep what runs
-        if best.summary == current.summary:
-            return None
-        gain, cost, unit = self._switch_gain(current, best)
-        why = f"gains {gain:.3g} {unit} over the rest of the job, moving costs ~{cost:.3g} {unit}"
-        needed = self._deadline_floor()
-        misses = needed is not None and current.samples_per_s < needed <= best.samples_per_s
-        if misses:
-            why = f"the current plan misses the deadline (needs {needed:.3g} samples/s); " + why
-        if not misses and gain <= self.config.switch_margin * cost:
-            if best.summary not in self.session.declined:  # said once per plan
-                self.session.declined.add(best.summary)
-                self._log(
-                    "plan_kept",
-                    "keep the current plan",
-                    f"the better plan {why} (x{self.config.switch_margin:g} margin)",
-                    plan_before=current.summary,
-                    plan_after=best.summary,
-                )
-            return None
-        self._checkpoint("a plan switch")
-        self.trainer.stop()
-        self.session.lost_at_s, self.session.pause_event = self.clock(), "switched"
-        self.session.choice = best
-        self.session.declined.clear()
-        self._log(
-            "switching",
-            "checkpoint, stop the workers, launch the new plan and resume",
-            why,
-            plan_before=current.summary,
-            plan_after=best.summary,
-            details={"step": self.state.step},
-        )
-        self._save(plan=best.plan)
-        return Phase.LAUNCH
-
-    def _deadline_floor(self) -> float | None:
-        """Samples/s the rest of the job needs to finish by the deadline (None: no deadline)."""
-        if self.config.deadline_s is None:
-            return None
-        return deadline_rate(
-            samples_left=(self.config.steps - self.state.step) * self.config.samples_per_step,
-            seconds_left=self.config.deadline_s - (self.wall() - self.state.started_at_s),
-        )
-
-    def _switch_gain(self, current: Choice, best: Choice) -> tuple[float, float, str]:
-        """(gain, cost, unit) of moving to ``best``: seconds to finish with goal max_throughput,
-        else dollars to finish (compute at the plans' $/h)."""
-        left = (self.config.steps - self.state.step) * self.config.samples_per_step
-        pauses = sorted(self.session.pauses_s)
-        pause_s = pauses[len(pauses) // 2] if pauses else self.config.migration_s
-        finish_now, finish_best = left / current.samples_per_s, left / best.samples_per_s
-        if self.config.goal == "min_cost":
-            usd_now = finish_now * current.usd_per_hour / 3600
-            usd_best = finish_best * best.usd_per_hour / 3600
-            return usd_now - usd_best, pause_s * current.usd_per_hour / 3600, "$"
-        return finish_now - finish_best, pause_s, "s"
-
     def _rescue(self) -> None:
         """A replica of every stage survived the loss: its state is the last committed step's
         (the dead one's step never reached the optimizer), so the restart rolls nothing back."""
@@ -518,6 +456,7 @@ class Driver:
         self.session.billed_at_s = now
 
     def _commit(self, result: StepResult) -> None:
+        self.session.last_result = result
         self._bill()
         now = self.clock()
         took, self.session.step_from_s = now - self.session.step_from_s, now

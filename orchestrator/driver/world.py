@@ -24,14 +24,15 @@ import yaml
 
 from orchestrator.catalog import Catalog
 from orchestrator.catalog.offers import OfferTable
+from orchestrator.driver.contract import deadline_rate
 from orchestrator.driver.machine import (
     CapacityRefused,
     Choice,
     Request,
     StepResult,
     WorkersLost,
-    deadline_rate,
 )
+from orchestrator.driver.straggler import pipeline_seconds
 from orchestrator.errors import UserError
 from orchestrator.market import convert_offers
 from orchestrator.plan import Plan, parse_plan
@@ -203,6 +204,7 @@ class RuntimeTrainer:
         self.group = None
         self._sent: dict[tuple[str, str], int] = {}
         self._healthy = True  # False once a worker failed: stop without waiting on it
+        self._last_nodes: tuple[str, ...] | None = None  # Ray node per rank of the last start
 
     def _layout(self, plan_document: dict):
         from orchestrator.layout import layout_from_plan
@@ -210,7 +212,9 @@ class RuntimeTrainer:
         plan = parse_plan(yaml.safe_dump(plan_document), file="<the driver's plan>")
         return plan, layout_from_plan(plan, model=self.recipe.model.name, network=self.network)
 
-    def start(self, plan_document: dict, *, restore_step: int | None) -> int:
+    def start(
+        self, plan_document: dict, *, restore_step: int | None, same_nodes: bool = False
+    ) -> int:
         import ray
 
         from runtime.group import WorkerGroup, WorkerPlacementError
@@ -230,7 +234,11 @@ class RuntimeTrainer:
         # named and detached: the workers outlive a driver that dies, which then takes them over
         name = f"{self.job}-w{uuid.uuid4().hex[:8]}"
         try:
-            self.group = WorkerGroup.start(layout, config, timeout_s=120.0, name=name)
+            nodes = self._last_nodes if same_nodes else None
+            if nodes is not None and len(nodes) != layout.world_size:
+                nodes = None  # another shape: no rank has a node of its own to go back to
+            self.group = WorkerGroup.start(layout, config, timeout_s=120.0, name=name, nodes=nodes)
+            self._last_nodes = tuple(self.group.nodes)
             return self._restore(restore_step)
         except (ray.exceptions.RayError, WorkerPlacementError) as error:
             self._healthy = False
@@ -318,7 +326,13 @@ class RuntimeTrainer:
         except ray.exceptions.RayError as error:
             self._healthy = False
             raise WorkersLost(f"step {step}: {type(error).__name__}") from None
-        return StepResult(loss=loss, **self._egress(counters))
+        workers = self.group.layout.workers
+        return StepResult(
+            loss=loss,
+            **self._egress(counters),
+            pipeline_s=pipeline_seconds(counters, workers),
+            pipeline_microbatches=tuple(w.microbatches for w in workers if w.stage == 0),
+        )
 
     @staticmethod
     def _totals(counters: list[dict]) -> dict[tuple[str, str], int]:

@@ -498,7 +498,10 @@ def _check_local_cloud(c: Checker) -> None:
     local, path = c.recipe.local_cloud, ("local_cloud",)
     steps = c.recipe.training.steps
     chaos = (
-        local.preempt_at_steps or local.preempt_location_at_steps or local.preempt_driver_at_steps
+        local.preempt_at_steps
+        or local.preempt_location_at_steps
+        or local.preempt_driver_at_steps
+        or local.slow_nodes
     )
     if chaos and c.recipe.provider != "local":
         c.error(
@@ -516,3 +519,7 @@ def _check_local_cloud(c: Checker) -> None:
             )
     if local.notice_s <= 0:
         c.error(path + ("notice_s",), f"must be > 0, got {local.notice_s}", "write e.g. 2.0")
+    if local.slow_nodes < 0:
+        c.error(path + ("slow_nodes",), f"must be >= 0, got {local.slow_nodes}", "write e.g. 1")
+    if local.slowdown <= 1:
+        c.error(path + ("slowdown",), f"must be > 1, got {local.slowdown}", "write e.g. 2.0")

@@ -155,6 +155,12 @@ class LocalCloudConfig:
     notice_s: float = _help(
         "market seconds between a preemption notice and the node's death (> 0)", default=2.0
     )
+    slow_nodes: int = _help(
+        "the first this many GPU nodes the simulated market gives run `slowdown` times slower "
+        "than their type (noisy neighbours: watch the driver re-balance the batch) (>= 0)",
+        default=0,
+    )
+    slowdown: float = _help("how much slower a slow node computes (> 1)", default=2.0)
 
 
 @dataclass(frozen=True, kw_only=True)

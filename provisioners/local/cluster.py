@@ -46,6 +46,9 @@ class NodeSpec:
         return "/".join(p for p in (self.cloud, self.region, self.zone) if p)
 
     role: str = "worker"  # or "controller": a job's driver runs there (no GPU, no market offer)
+    # > 1: the node emulates a device this many times slower than its type (a noisy neighbour);
+    # its workers read the label and slow their compute (runtime/actor.py SLOWDOWN_LABEL)
+    slowdown: float = 1.0
 
     def resources(self) -> dict[str, float]:
         if self.role == "controller":
@@ -62,6 +65,8 @@ class NodeSpec:
         }
         if self.zone:
             labels["geo-zone"] = self.zone
+        if self.slowdown > 1.0:
+            labels["geo-slowdown"] = f"{self.slowdown:g}"
         return labels
 
 

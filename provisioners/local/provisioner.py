@@ -54,9 +54,15 @@ class LocalProvisioner(Provisioner):
         notice_s: float = 30.0,
         tick_s: float = 0.25,
         cluster: LocalCluster | None = None,
+        slow_nodes: int = 0,
+        slowdown: float = 2.0,
     ) -> None:
         """``speed``: market seconds per wall second; ``notice_s``: market seconds between a
-        preemption notice and the node's death; ``tick_s``: how often the watcher looks at Ray."""
+        preemption notice and the node's death; ``tick_s``: how often the watcher looks at Ray;
+        ``slow_nodes``: the first this many GPU nodes launched run ``slowdown`` times slower than
+        their GPU type (noisy neighbours)."""
+        self.slow_nodes, self.slowdown = slow_nodes, slowdown
+        self._launched = 0  # GPU nodes started so far
         self.clock = MarketClock(speed=speed)
         self.offers_file = offers_file or default_offers_file()
         offers = read_offers(self.offers_file, observed_at_s=time.time())
@@ -148,7 +154,9 @@ class LocalProvisioner(Provisioner):
             gpus=offer.gpus_per_node,
             vcpus=offer.vcpus,
             gang=request.gang,
+            slowdown=self.slowdown if self._launched < self.slow_nodes else 1.0,
         )
+        self._launched += 1
         node_id = self.cluster.add(spec, timeout_s=request.timeout_s)
         self.market.hold(node_id, offer.infra, offer.instance_type, spot=request.spot)
         node = Node(

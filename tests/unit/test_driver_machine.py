@@ -129,7 +129,7 @@ class FakeTrainer:
         self.attached: list[str] = []
         self.rescuable = False
 
-    def start(self, plan: dict, *, restore_step: int | None) -> int:
+    def start(self, plan: dict, *, restore_step: int | None, same_nodes: bool = False) -> int:
         self.starts.append(restore_step)
         self.nodes = list(self.cloud.alive_nodes)
         self.name = f"workers-{len(self.cloud.workers)}"
@@ -366,7 +366,7 @@ def test_a_driver_that_died_while_starting_workers_frees_them_when_restarted(tmp
     cloud = FakeCloud({US: 2, EU: 2})
 
     class DiesStarting(FakeTrainer):
-        def start(self, plan: dict, *, restore_step: int | None) -> int:
+        def start(self, plan: dict, *, restore_step: int | None, same_nodes: bool = False) -> int:
             super().start(plan, restore_step=restore_step)
             raise DriverDied  # the group runs, its name never reached the state
 

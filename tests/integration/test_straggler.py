@@ -1,0 +1,68 @@
+"""A straggler on the local simulated cloud: one of the job's two nodes computes 3x slower than its
+type (``local_cloud.slow_nodes``). The driver measures it, re-balances the batch over the two
+data-parallel replicas on the same nodes, and the job finishes with the losses of the run without
+a slow node (the same samples each step, summed in another grouping)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from orchestrator.cli import main
+
+STEPS = 80
+RECIPE = f"""\
+name: straggler
+provider: local
+model: {{name: gpt-tiny, profile: auto}}
+training:
+  global_batch_size: 128
+  microbatch_sizes: [16]
+  steps: {STEPS}
+  precision: fp32
+  optimizer: {{name: adamw, lr: 3.0e-3, weight_decay: 0.01, grad_clip_norm: null}}
+  seed: 3
+objective: {{goal: max_throughput}}
+constraints:
+  locations: [local/sim-us/sim-us-a]
+  gpu_types: [T4]
+  max_gpus: 2
+  pricing: spot
+parallelism: {{max_pipeline_stages: 1}}
+checkpointing: {{every_steps: 100, path: CHECKPOINTS, keep_last: 2}}
+runtime: {{allreduce: flat, link_emulation: false}}
+local_cloud: {{slow_nodes: 1, slowdown: 3.0}}
+"""
+
+
+def _submit(recipe_text: str, folder, name: str) -> dict:
+    recipe = folder / f"{name}.yaml"
+    text = recipe_text.replace("name: straggler", f"name: {name}")
+    recipe.write_text(text.replace("CHECKPOINTS", str(folder / "checkpoints")))
+    assert main(["submit", str(recipe), "--jobs-dir", str(folder / "jobs"), "--quiet"]) == 0
+    return json.loads((folder / "jobs" / name / "state.json").read_text())["state"]
+
+
+@pytest.mark.integration
+def test_a_slow_node_gets_a_smaller_share_and_the_losses_stay(tmp_path, capsys):
+    state = _submit(RECIPE, tmp_path, "straggler")
+    out = capsys.readouterr().out
+    assert state["phase"] == "done" and state["step"] == STEPS, out
+    events = [json.loads(line) for line in (tmp_path / "jobs/straggler/events.jsonl").open()]
+    (move,) = [e for e in events if e["event"] == "rebalancing"]
+    shares = move["details"]["shares"]
+    assert sorted(shares) == [2, 6], move  # 3x slower: a quarter of the 8 microbatches
+    assert "computes" in move["reason"] and "slower than the fastest" in move["reason"]
+    (back,) = [e for e in events if e["event"] == "rebalanced"]
+    assert back["details"]["recovery_s"] > 0
+    assert state["trained_steps"] == STEPS  # the move lost no committed step
+    assert state["plan"]["pipeline_microbatches"] == shares
+
+    # without the slow node: the same samples per step, one microbatch grouping per replica
+    # apart, so the sums differ in the last bits only (fp32)
+    fault_free = _submit(RECIPE.split("local_cloud:")[0], tmp_path, "even")
+    assert "pipeline_microbatches" not in fault_free["plan"]
+    step = move["details"]["step"]
+    assert state["losses"][:step] == fault_free["losses"][:step]  # before the move: bit for bit
+    assert state["losses"] == pytest.approx(fault_free["losses"], rel=1e-4)
