@@ -118,9 +118,9 @@ class DriverConfig:
     capacity_poll_s: float = 5.0  # each look waits this long for the provider's next event
     deadline_s: float | None = None  # the recipe's deadline, seconds after the job began
     # stragglers (straggler.py): the median of this many steps' speeds per pipeline decides
-    # (None: never re-balance), when the slowest is this many times the fastest
+    # (None: never re-balance), when the best split's compute is this fraction shorter
     straggler_window_steps: int | None = 5
-    straggler_threshold: float = 1.25
+    straggler_min_gain: float = 0.1
 
 
 def deadline_rate(*, samples_left: float, seconds_left: float) -> float:

@@ -277,8 +277,8 @@ class Driver(Moves):
         self.session.waiting_since_s = None  # running again: a later squeeze waits afresh
         window = self.config.straggler_window_steps
         if window:  # these workers' speeds, from their first step on
-            threshold = self.config.straggler_threshold
-            self.session.stragglers = StragglerWatch(window=window, threshold=threshold)
+            gain = self.config.straggler_min_gain
+            self.session.stragglers = StragglerWatch(window=window, min_gain=gain)
         self._save(workers=self.trainer.workers_name())
         self._log(
             "started",

@@ -4,9 +4,10 @@ The plan splits each step's microbatches over the data-parallel pipelines by the
 simulator predicts for their GPUs. A node can run slower than its type (a noisy neighbour, a
 throttled or failing GPU, a busy host), and the whole step then waits for that pipeline at the
 gradient sync. The driver reads each pipeline's compute seconds per microbatch after every step
-(its slowest stage's, from the workers' counters); when the median over the last ``window`` steps
-of one pipeline is ``threshold`` times the fastest one's, ``StragglerWatch.proposal`` works out the
-shares that minimise the step's compute time (``balanced_shares``) and what they save per step.
+(its slowest stage's, from the workers' counters). From the median over the last ``window`` steps,
+``StragglerWatch.proposal`` works out the shares that minimise the step's compute time
+(``balanced_shares``) and proposes them when the current shares' compute is ``min_gain`` (a
+fraction) longer: a pipeline that turned slow gets less, one that recovered gets its share back.
 The driver switches to them only when the time saved over the rest of the job beats the cost of
 restarting the workers (machine.py, as for any plan switch).
 """
@@ -102,9 +103,9 @@ class Rebalance:
 class StragglerWatch:
     """The last ``window`` steps' seconds per microbatch of each pipeline, for one layout."""
 
-    def __init__(self, *, window: int, threshold: float) -> None:
-        assert window >= 1 and threshold > 1.0
-        self.window, self.threshold = window, threshold
+    def __init__(self, *, window: int, min_gain: float) -> None:
+        assert window >= 1 and min_gain > 0
+        self.window, self.min_gain = window, min_gain
         self._seen: deque[tuple[float, ...]] = deque(maxlen=window)
 
     def add(self, seconds: tuple[float, ...] | None) -> None:
@@ -118,15 +119,15 @@ class StragglerWatch:
         self._seen.clear()
 
     def proposal(self, shares: Sequence[int]) -> Rebalance | None:
-        """New shares when a pipeline straggles over the whole window and re-balancing saves
-        time; else None."""
+        """New shares when, over the whole window, the best split's compute is shorter than the
+        current one's by more than ``min_gain``; else None."""
         if len(self._seen) < self.window or len(shares) < 2:
             return None
         medians = tuple(statistics.median(column) for column in zip(*self._seen, strict=True))
-        if min(medians) <= 0 or max(medians) < self.threshold * min(medians):
+        if min(medians) <= 0:
             return None
         after = balanced_shares(sum(shares), medians)
         before_s, after_s = compute_step_s(shares, medians), compute_step_s(after, medians)
-        if tuple(shares) == after or after_s >= before_s:
+        if before_s <= (1.0 + self.min_gain) * after_s:
             return None
         return Rebalance(tuple(shares), after, medians, before_s, after_s)

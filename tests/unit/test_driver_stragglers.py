@@ -62,8 +62,8 @@ def test_a_straggler_gets_a_smaller_share_on_the_same_nodes(tmp_path):
 
 
 def test_a_gain_smaller_than_the_move_keeps_the_shares_and_says_why(tmp_path):
-    # 1.3x slower: 5 + 3 microbatches save 0.02 s per step, 0.3 s over the 15 steps left
-    state, trainer, _ = _run(tmp_path, slow=1.3, steps=20)
+    # 1.5x slower: 5 + 3 microbatches save 0.1 s per step, 1.5 s over the 15 steps left
+    state, trainer, _ = _run(tmp_path, slow=1.5, steps=20)
     assert state.phase == "done" and trainer.starts == [None]
     kept = [e for e in read_events(tmp_path / "job" / "events.jsonl") if e["event"] == "straggler"]
     assert kept and "x2 margin" in kept[0]["reason"]

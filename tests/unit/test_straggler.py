@@ -64,8 +64,8 @@ def test_equal_speeds_keep_equal_shares():
     assert balanced_shares(8, (0.1, 0.1)) == (4, 4)
 
 
-def _watch(readings, *, window=3, threshold=1.25):
-    watch = StragglerWatch(window=window, threshold=threshold)
+def _watch(readings, *, window=3, min_gain=0.1):
+    watch = StragglerWatch(window=window, min_gain=min_gain)
     for r in readings:
         watch.add(r)
     return watch
@@ -92,7 +92,13 @@ def test_one_slow_step_is_not_a_straggler():
 
 
 def test_a_gap_under_the_threshold_is_left_alone():
+    # 7 + 5 would take 0.70 s against 0.72 s: under 10% shorter
     assert _watch([(0.1, 0.12)] * 3).proposal((6, 6)) is None
+
+
+def test_a_pipeline_that_recovered_gets_its_share_back():
+    proposal = _watch([(0.1, 0.1)] * 3).proposal((9, 3))
+    assert proposal is not None and proposal.shares_after == (6, 6)
 
 
 def test_shares_already_balanced_give_no_proposal():
