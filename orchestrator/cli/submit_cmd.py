@@ -128,6 +128,16 @@ def _summary(result: RunResult) -> None:
         f"(compute ${state.compute_usd:.5f} + egress ${state.egress_usd:.5f} for "
         f"{state.egress_bytes / 1e6:.1f} MB)"
     )
+    if choice is not None and state.trained_steps:
+        # the last plan's figures for the steps trained; measured compute also pays for nodes
+        # while they start, wait and recover
+        steps = state.trained_steps
+        compute = steps * batch / choice.samples_per_s * choice.usd_per_hour / 3600
+        egress = steps * choice.egress_usd_per_step
+        print(
+            f"predicted for {steps} steps: ${compute + egress:.5f} (compute ${compute:.5f} while "
+            f"training + egress ${egress:.5f})"
+        )
     cores = os.cpu_count() or 1
     if choice is not None and sum(r.count for r in choice.requests) > cores:
         print(

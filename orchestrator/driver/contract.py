@@ -43,6 +43,8 @@ class Choice:
     requests: tuple[Request, ...]
     samples_per_s: float  # predicted
     usd_per_hour: float  # predicted, compute
+    egress_usd_per_step: float = 0.0  # predicted
+    note: str = ""  # how the choice departs from the recipe (e.g. a spread the market cannot give)
 
     @classmethod
     def from_dict(cls, document: dict) -> Choice:

@@ -197,7 +197,8 @@ class Driver(Moves):
             "train on the nodes left; a replacement is weighed at the next periodic re-plan"
             if held_only
             else "launch its nodes",
-            f"predicted {choice.samples_per_s:.3g} samples/s at ${choice.usd_per_hour:.3g}/h",
+            f"predicted {choice.samples_per_s:.3g} samples/s at ${choice.usd_per_hour:.3g}/h"
+            + (f"; {choice.note}" if choice.note else ""),
             plan_before=before,
             plan_after=choice.summary,
         )

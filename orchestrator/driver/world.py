@@ -66,7 +66,6 @@ class MarketPlans:
     def choose(
         self, *, excluded: frozenset[str], held: dict[str, int], held_only: bool = False
     ) -> Choice:
-        from orchestrator.planner import plan_recipe
 
         market = self.market(held, held_only=held_only)
         constraints = self.recipe.constraints
@@ -77,7 +76,7 @@ class MarketPlans:
                 exclude_locations=tuple(sorted({*constraints.exclude_locations, *excluded})),
             ),
         )
-        result = plan_recipe(recipe, self.catalog, market)
+        result, note = self._plan_spread(recipe, market)
         if not result.plans:
             left_out = f" (left out after refusing capacity: {', '.join(sorted(excluded))})"
             raise UserError(
@@ -92,7 +91,26 @@ class MarketPlans:
             requests=tuple(requests_for(best.plan, market)),
             samples_per_s=best.estimate.samples_per_s,
             usd_per_hour=best.estimate.cost_per_hour_usd,
+            egress_usd_per_step=best.estimate.egress_usd_per_iteration,
+            note=note,
         )
+
+    def _plan_spread(self, recipe: Recipe, market: OfferTable):
+        """The planner's result, and a note when the recipe's spread (constraints.min_locations,
+        for resilience) had to go: with fewer places on the market, train on what is there."""
+        from orchestrator.planner import plan_recipe
+
+        spread = recipe.constraints.min_locations
+        try:
+            result = plan_recipe(recipe, self.catalog, market)
+            if result.plans or spread <= 1:
+                return result, ""
+        except UserError:
+            if spread <= 1:
+                raise
+        relaxed = replace(recipe, constraints=replace(recipe.constraints, min_locations=1))
+        note = f"spread over fewer than constraints.min_locations ({spread}): the market has fewer"
+        return plan_recipe(relaxed, self.catalog, market), note
 
     def _with_deadline_left(self) -> Recipe:
         """The recipe with its deadline turned into the floor the remaining steps need now."""

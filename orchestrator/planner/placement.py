@@ -12,7 +12,9 @@ one region, all stages in one region or the stages before a cut in one and the r
 pipeline crosses a region boundary once, data-parallel all-reduces never do); only when none of
 those fits, each stage fills places region by region in an order, spilling into the next region,
 with the same two patterns of orders. Within a region, places are filled twice: largest capacity
-first (fewest zones), and cheapest first (zones of a region may differ in price).
+first (fewest zones), and cheapest first (zones of a region may differ in price). A recipe's
+``constraints.min_locations`` keeps only placements over at least that many places (the menu,
+built to keep traffic local, may then offer none: exact enumeration covers small markets).
 """
 
 from __future__ import annotations
@@ -37,14 +39,17 @@ def placements(
     if any(not o for o in options):
         return
     capacity = {(r.infra, r.gpu): r.capacity for o in options for r in o}
+    spread = space.min_locations
     if _count(options, dp, exact_limit) <= exact_limit:
-        yield from _exact(options, gpus, tps, dp, capacity, space.max_gpus)
+        found = _exact(options, gpus, tps, dp, capacity, space.max_gpus)
     else:
-        seen = set()
-        for columns in _menu(options, gpus, tps, dp, capacity, space.max_gpus, spot):
-            if columns not in seen:
-                seen.add(columns)
-                yield columns
+        found = _menu(options, gpus, tps, dp, capacity, space.max_gpus, spot)
+    seen = set()
+    for columns in found:
+        # the recipe's spread (constraints.min_locations): replicas in at least that many places
+        if columns not in seen and len({p for column in columns for p in column}) >= spread:
+            seen.add(columns)
+            yield columns
 
 
 def _count(options, dp: int, limit: int) -> int:

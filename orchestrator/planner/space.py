@@ -48,6 +48,7 @@ class SearchSpace:
     streams: int
     global_batch_size: int
     num_layers: int
+    min_locations: int = 1  # a plan's replicas must use at least this many places
 
     @property
     def gpu_types(self) -> tuple[str, ...]:
@@ -86,6 +87,15 @@ def build_space(
             fix="allow more locations or GPU types (python -m orchestrator validate RECIPE says which)",
         )
     resources = _resources(offers, k.max_gpus, catalog)
+    places = sorted({r.infra for r in resources if r.capacity > 0})
+    if len(places) < k.min_locations:
+        raise UserError(
+            f"{k.min_locations} locations asked for, but the market has GPUs the recipe allows in "
+            f"only {len(places)}: {', '.join(places) or 'none'}",
+            field="constraints.min_locations",
+            fix=f"lower constraints.min_locations to {max(1, len(places))}, or allow more "
+            "locations or GPU types (constraints.locations, gpu_types)",
+        )
     spec = model_spec(recipe.model.name)
     layers = num_layers or spec.num_layers
     runtime = recipe.runtime
@@ -110,6 +120,7 @@ def build_space(
         streams=runtime.streams,
         global_batch_size=recipe.training.global_batch_size,
         num_layers=layers,
+        min_locations=k.min_locations,
     )
 
 

@@ -283,6 +283,14 @@ def _check_constraints(c: Checker) -> tuple[str, ...]:
             )
         else:
             gpu_types.append(spec.name)
+    if k.min_locations < 1:
+        c.error(path + ("min_locations",), f"must be >= 1, got {k.min_locations}", "write e.g. 3")
+    elif k.max_gpus is not None and k.max_gpus >= 1 and k.min_locations > k.max_gpus:
+        c.error(
+            path + ("min_locations",),
+            f"{k.min_locations} locations need at least as many GPUs, max_gpus is {k.max_gpus}",
+            f"lower min_locations, or raise max_gpus to {k.min_locations} or more",
+        )
     if k.max_gpus is not None and k.max_gpus < 1:
         c.error(
             path + ("max_gpus",),

@@ -100,6 +100,12 @@ class ConstraintsConfig:
         "allowed GPU types, e.g. [A100, V100]; empty: any", default=()
     )
     max_gpus: int | None = _help("at most this many GPUs in total (>= 1), or null", default=None)
+    min_locations: int = _help(
+        "spread the GPUs over at least this many locations (zones), so that one location taken "
+        "back at once does not stop the job (>= 1; 1: no spreading); when the market cannot "
+        "give that many, the driver trains on fewer",
+        default=1,
+    )
     pricing: Literal["spot", "on_demand", "any"] = _help("spot, on_demand or any", default="any")
 
 

@@ -318,6 +318,20 @@ CASES = [
         "must be >= 1",
     ),
     (
+        "min-locations-zero",
+        MODEL + TRAINING + "constraints:\n  min_locations: 0\n",
+        "constraints.min_locations",
+        7,
+        "must be >= 1",
+    ),
+    (
+        "min-locations-over-max-gpus",
+        MODEL + TRAINING + "constraints:\n  max_gpus: 2\n  min_locations: 3\n",
+        "constraints.min_locations",
+        8,
+        "need at least as many GPUs",
+    ),
+    (
         "pricing-typo",
         MODEL + TRAINING + "constraints:\n  pricing: spot_only\n",
         "constraints.pricing",

@@ -1,0 +1,77 @@
+"""constraints.min_locations: the planner spreads a job over at least that many places, says so
+when the market cannot, and the driver then trains on fewer places rather than stopping."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.catalog import default_catalog
+from orchestrator.driver.world import MarketPlans
+from orchestrator.errors import UserError
+from orchestrator.planner import plan_recipe
+from orchestrator.recipe import parse_recipe
+
+US_A, US_B, EU_A = "local/sim-us/sim-us-a", "local/sim-us/sim-us-b", "local/sim-eu/sim-eu-a"
+
+
+def _recipe(*, spread: int, places=(US_A, US_B, EU_A)):
+    text = f"""\
+name: spread
+provider: local
+model: {{name: gpt-tiny, profile: analytic}}
+training: {{global_batch_size: 16, microbatch_sizes: [2, 4], steps: 100, precision: fp32}}
+objective: {{goal: max_throughput}}
+constraints:
+  locations: [{", ".join(places)}]
+  gpu_types: [T4]
+  max_gpus: 4
+  min_locations: {spread}
+  pricing: spot
+"""
+    return parse_recipe(text, file="spread.yaml", folder=Path("."))
+
+
+def _places(plan) -> set[str]:
+    return {r.infra for stage in plan.stages for r in stage.replicas}
+
+
+def _best(recipe):
+    catalog = default_catalog()
+    return plan_recipe(recipe, catalog, catalog.market("local")).plans[0]
+
+
+def test_without_a_spread_the_tiny_model_stays_in_one_zone():
+    # crossing places costs gpt-tiny more than a GPU gives: the honest best keeps it home
+    assert len(_places(_best(_recipe(spread=1)).plan)) == 1
+
+
+def test_a_spread_of_three_uses_three_places_in_two_regions():
+    best = _best(_recipe(spread=3))
+    places = _places(best.plan)
+    assert places == {US_A, US_B, EU_A}
+    assert best.plan.total_gpus <= 4
+    unspread = _best(_recipe(spread=1))
+    assert best.estimate.samples_per_s < unspread.estimate.samples_per_s  # resilience has a price
+
+
+def test_a_spread_the_market_cannot_give_names_the_field_and_the_places():
+    catalog = default_catalog()
+    with pytest.raises(UserError) as caught:
+        plan_recipe(_recipe(spread=3, places=(US_A, US_B)), catalog, catalog.market("local"))
+    assert caught.value.field == "constraints.min_locations"
+    assert "only 2" in caught.value.message and US_B in caught.value.message
+    assert "lower constraints.min_locations to 2" in caught.value.fix
+
+
+def test_the_driver_trains_on_fewer_places_when_the_spread_cannot_be_had():
+    catalog = default_catalog()
+    recipe = _recipe(spread=3, places=(US_A, US_B))
+    plans = MarketPlans(recipe, catalog, provisioner=None, progress=lambda: (0, 0.0))
+    plans.market = lambda held, held_only=False: catalog.market("local")  # the market, no provider
+    choice = plans.choose(excluded=frozenset(), held={})
+    assert "fewer than constraints.min_locations (3)" in choice.note
+    spread = MarketPlans(_recipe(spread=3), catalog, provisioner=None, progress=lambda: (0, 0.0))
+    spread.market = lambda held, held_only=False: catalog.market("local")
+    assert spread.choose(excluded=frozenset(), held={}).note == ""
