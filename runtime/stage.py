@@ -253,7 +253,9 @@ class StageRunner:
         regions and back), then the tied weight's two uses over the pipeline's first and last
         stage."""
         flat, layout = self.flat_grad, self.layout
-        if layout.allreduce == "flat":
+        if layout.allreduce == "flat" or len(layout.region_groups(self.stage)) == 1:
+            # one region: nothing to cross, the hierarchy is one ring (as simulator/collectives.py
+            # models it); a reduce and a broadcast would move every byte twice
             self.comm.all_reduce(flat, layout.dp_group(self.stage))
         else:
             self._hierarchical(flat)
