@@ -131,7 +131,8 @@ class StageRunner:
         kept: dict[int, tuple] = {}
         loss_sum = 0.0
         for kind, j in one_f_one_b(self.microbatches, self.layout.warmup[self.stage]):
-            started, waited = time.perf_counter(), sum(self.comm.wait_s.values())
+            if self.slowdown > 1.0:
+                started, waited = time.perf_counter(), sum(self.comm.wait_s.values())
             if kind == "F":
                 kept[j] = self._forward(step, j)
                 if self.last:
