@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from orchestrator.cli import main
+from tests.integration.jobs import submit_job
 
 STEPS = 200
 RECIPE = f"""\
@@ -43,17 +43,9 @@ local_cloud:
 """
 
 
-def _submit(recipe_text: str, folder, name: str) -> dict:
-    recipe = folder / f"{name}.yaml"
-    text = recipe_text.replace("name: chaos", f"name: {name}")
-    recipe.write_text(text.replace("CHECKPOINTS", str(folder / "checkpoints")))
-    assert main(["submit", str(recipe), "--jobs-dir", str(folder / "jobs"), "--quiet"]) == 0
-    return json.loads((folder / "jobs" / name / "state.json").read_text())["state"]
-
-
 @pytest.mark.integration
 def test_six_preemptions_one_a_whole_location_one_the_drivers_node_lose_nothing(tmp_path, capsys):
-    state = _submit(RECIPE, tmp_path, "chaos")
+    state = submit_job(RECIPE, tmp_path, "chaos")
     out = capsys.readouterr().out
     assert state["phase"] == "done" and state["step"] == STEPS, out
     events = [json.loads(line) for line in (tmp_path / "jobs/chaos/events.jsonl").open()]
@@ -96,6 +88,6 @@ def test_six_preemptions_one_a_whole_location_one_the_drivers_node_lose_nothing(
     # drift grows to ~3e-3 relative by step 200.)
     plans = {e["plan_after"].split(",")[0] for e in events if e["event"] == "planned"}
     assert len(plans) == 1, plans
-    fault_free = _submit(RECIPE.split("local_cloud:")[0], tmp_path, "fault-free")
+    fault_free = submit_job(RECIPE.split("local_cloud:")[0], tmp_path, "fault-free")
     assert fault_free["recoveries"] == 0
     assert state["losses"] == fault_free["losses"]

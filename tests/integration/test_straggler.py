@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from orchestrator.cli import main
+from tests.integration.jobs import submit_job
 
 STEPS = 80
 RECIPE = f"""\
@@ -36,17 +36,9 @@ local_cloud: {{slow_nodes: 1, slowdown: 3.0}}
 """
 
 
-def _submit(recipe_text: str, folder, name: str) -> dict:
-    recipe = folder / f"{name}.yaml"
-    text = recipe_text.replace("name: straggler", f"name: {name}")
-    recipe.write_text(text.replace("CHECKPOINTS", str(folder / "checkpoints")))
-    assert main(["submit", str(recipe), "--jobs-dir", str(folder / "jobs"), "--quiet"]) == 0
-    return json.loads((folder / "jobs" / name / "state.json").read_text())["state"]
-
-
 @pytest.mark.integration
 def test_a_slow_node_gets_a_smaller_share_and_the_losses_stay(tmp_path, capsys):
-    state = _submit(RECIPE, tmp_path, "straggler")
+    state = submit_job(RECIPE, tmp_path, "straggler")
     out = capsys.readouterr().out
     assert state["phase"] == "done" and state["step"] == STEPS, out
     events = [json.loads(line) for line in (tmp_path / "jobs/straggler/events.jsonl").open()]
@@ -61,7 +53,7 @@ def test_a_slow_node_gets_a_smaller_share_and_the_losses_stay(tmp_path, capsys):
 
     # without the slow node: the same samples per step, one microbatch grouping per replica
     # apart, so the sums differ in the last bits only (fp32)
-    fault_free = _submit(RECIPE.split("local_cloud:")[0], tmp_path, "even")
+    fault_free = submit_job(RECIPE.split("local_cloud:")[0], tmp_path, "even")
     assert "pipeline_microbatches" not in fault_free["plan"]
     step = move["details"]["step"]
     assert state["losses"][:step] == fault_free["losses"][:step]  # before the move: bit for bit
