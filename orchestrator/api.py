@@ -127,7 +127,7 @@ def submit(
 
     catalog, path = default_catalog(), Path(recipe)
     loaded = load_recipe(path, catalog=catalog)
-    handle = Job(loaded.name or path.stem, jobs_dir=Path(jobs_dir))
+    handle = Job(loaded.name, jobs_dir=Path(jobs_dir))  # always a valid name (checks.py)
     options = RunOptions(jobs_dir=Path(jobs_dir), preempt_at=tuple(preempt_at))
     if wait:
         run_job(path, catalog, options)

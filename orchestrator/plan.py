@@ -19,15 +19,23 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import yaml
 
 from orchestrator.errors import UserError
-from orchestrator.recipe.binder import Binder
-from orchestrator.yamlsrc import YamlDoc, YamlSyntaxError, load_yaml_text, path_text
+from orchestrator.recipe import limits as L
+from orchestrator.recipe.binder import Binder, described
+from orchestrator.yamlsrc import (
+    PLAN_LIMITS,
+    YamlDoc,
+    YamlSyntaxError,
+    load_yaml_text,
+    path_text,
+    read_user_text,
+)
 
 
 class PlanError(UserError):
@@ -52,15 +60,16 @@ class _cached:
         return value
 
 
-def _help(text: str, **kwargs):
-    return field(metadata={"help": text}, **kwargs)
+_help = described  # a field with its "what to write" and its limits
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Replica:
     gpu: str = _help("GPU type, e.g. A100")
     tp: int = _help(
-        "tensor-parallel degree: GPUs of one node that hold this replica (1, 2, 4, 8)", default=1
+        "tensor-parallel degree: GPUs of one node that hold this replica (1, 2, 4, 8)",
+        default=1,
+        most=L.MAX_TENSOR_PARALLEL,
     )
     infra: str = _help("place, cloud/region[/zone], e.g. gcp/us-central1/us-central1-a")
     spot: bool = _help("true for a spot VM, false for on-demand", default=True)
@@ -92,8 +101,12 @@ class Replica:
 
 @dataclass(frozen=True, kw_only=True)
 class Stage:
-    layers: tuple[int, ...] = _help("half-open layer range [first, end), e.g. [0, 12]")
-    replicas: tuple[Replica, ...] = _help("the data-parallel replicas of this stage")
+    layers: tuple[int, ...] = _help(
+        "half-open layer range [first, end), e.g. [0, 12]", most=L.MAX_LAYER_INDEX, items=2
+    )
+    replicas: tuple[Replica, ...] = _help(
+        "the data-parallel replicas of this stage", items=L.MAX_PLAN_REPLICAS
+    )
 
     @property
     def first_layer(self) -> int:
@@ -106,9 +119,9 @@ class Stage:
 
 @dataclass(frozen=True, kw_only=True)
 class Plan:
-    global_batch_size: int = _help("samples per optimizer step")
-    microbatch_size: int = _help("samples per microbatch")
-    stages: tuple[Stage, ...] = _help("pipeline stages in order")
+    global_batch_size: int = _help("samples per optimizer step", most=L.MAX_GLOBAL_BATCH_SIZE)
+    microbatch_size: int = _help("samples per microbatch", most=L.MAX_GLOBAL_BATCH_SIZE)
+    stages: tuple[Stage, ...] = _help("pipeline stages in order", items=L.MAX_PLAN_STAGES)
     allreduce: Literal["flat", "hierarchical"] = _help(
         "gradient sync across replicas: flat (one ring) or hierarchical (zone, region, then across regions)",
         default="hierarchical",
@@ -116,16 +129,22 @@ class Plan:
     compression: Literal["none", "fp16", "int8"] = _help(
         "compression of the cross-region hop", default="none"
     )
-    streams: int = _help("parallel TCP streams per cross-region link", default=8)
+    streams: int = _help(
+        "parallel TCP streams per cross-region link", default=8, most=L.MAX_STREAMS
+    )
     pipeline_warmup: tuple[int, ...] | None = _help(
         "warm-up microbatches per stage (non-increasing); default: standard 1F1B, P - s - 1. More hides "
         "long links at the cost of activation memory",
         default=None,
+        most=L.MAX_GLOBAL_BATCH_SIZE,
+        items=L.MAX_PLAN_STAGES,
     )
     pipeline_microbatches: tuple[int, ...] | None = _help(
         "microbatches per pipeline when pipelines get unequal shares; must add up to "
         "global_batch_size / microbatch_size",
         default=None,
+        most=L.MAX_GLOBAL_BATCH_SIZE,
+        items=L.MAX_PLAN_REPLICAS,
     )
 
     @_cached
@@ -275,7 +294,7 @@ class Plan:
 def parse_plan(text: str, *, file: str) -> Plan:
     """Parse plan YAML strictly and check its structure; raise PlanError naming file, line, field."""
     try:
-        doc = load_yaml_text(text, file=file)
+        doc = load_yaml_text(text, file=file, limits=PLAN_LIMITS)
     except YamlSyntaxError as exc:
         raise PlanError(exc.message, file=file, line=exc.line, fix="correct the YAML") from None
     try:
@@ -290,11 +309,13 @@ def parse_plan(text: str, *, file: str) -> Plan:
 
 def load_plan(path: str | Path) -> Plan:
     path = Path(path)
-    if not path.is_file():
-        raise PlanError(
-            "file not found", file=str(path), fix="give the path of a plan .yaml (plan writes one)"
-        )
-    return parse_plan(path.read_text(encoding="utf-8"), file=str(path))
+    text = read_user_text(
+        path,
+        max_bytes=PLAN_LIMITS.max_bytes,
+        error=PlanError,
+        fix="give the path of a plan .yaml (plan writes one)",
+    )
+    return parse_plan(text, file=str(path))
 
 
 def check_plan(plan: Plan, doc: YamlDoc | None = None) -> None:

@@ -32,6 +32,8 @@ OFFER_COLUMNS = (
     "as_of",
 )
 PRICINGS = ("spot", "on_demand", "any")
+MAX_AVAILABLE_VMS = 100_000  # VMs one offer can give now: beyond any zone's real capacity
+MAX_GPUS_PER_NODE = 64
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -161,12 +163,18 @@ def _read_offer(row: Row, regions: Regions, gpus: GpuTable) -> Offer:
             f"spot price {spot} is above the on-demand price {on_demand}",
             "check both prices",
         )
-    available = row.number("available_count", required=False, integer=True, strictly_positive=False)
+    available = row.number(
+        "available_count",
+        required=False,
+        integer=True,
+        strictly_positive=False,
+        most=MAX_AVAILABLE_VMS,
+    )
     return Offer(
         location=Location(cloud, region, zone),
         instance_type=row.text("instance_type"),
         gpu=spec.name,
-        gpus_per_node=int(row.number("gpus_per_node", integer=True)),
+        gpus_per_node=int(row.number("gpus_per_node", integer=True, most=MAX_GPUS_PER_NODE)),
         vcpus=row.number("vcpus"),
         memory_gib=row.number("memory_gib"),
         on_demand_usd_per_hour=on_demand,

@@ -10,13 +10,26 @@ from __future__ import annotations
 import csv
 import datetime as dt
 import difflib
+import io
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
 from orchestrator.errors import CatalogError
-from orchestrator.yamlsrc import Path_, YamlDoc, YamlSyntaxError, load_yaml_file, path_text
+from orchestrator.yamlsrc import (
+    MIB,
+    Path_,
+    YamlDoc,
+    YamlSyntaxError,
+    load_yaml_file,
+    path_text,
+    read_user_text,
+)
+
+MAX_CSV_BYTES = 16 * MIB  # the packaged snapshot of every cloud's offers is 0.1 MiB
+ROW_NUMBER_MAX = 1e9  # no price, count or size in a config row comes near; keeps sums finite
 
 
 def display_path(path: Path, configs_dir: Path) -> str:
@@ -29,12 +42,8 @@ def display_path(path: Path, configs_dir: Path) -> str:
 
 def read_yaml(path: Path, display: str) -> YamlDoc:
     """Parse a config YAML file, turning syntax errors and missing files into CatalogError."""
-    if not path.is_file():
-        raise CatalogError(
-            "file not found", file=display, fix="restore it from the repository or reinstall"
-        )
     try:
-        return load_yaml_file(path, display=display)
+        return load_yaml_file(path, display=display, error=CatalogError)
     except YamlSyntaxError as exc:
         raise CatalogError(
             exc.message, file=display, line=exc.line, fix="correct the YAML"
@@ -236,18 +245,27 @@ class Row:
         required: bool = True,
         integer: bool = False,
         strictly_positive: bool = True,
+        most: float = ROW_NUMBER_MAX,
     ) -> float | None:
         text = self.text(column, required=required)
         if text is None:
             return None
+        kind = "a whole number" if integer else "a number"
         try:
             value = int(text) if integer else float(text)
-        except ValueError:
-            kind = "a whole number" if integer else "a number"
-            self.fail(column, f"{text!r} is not {kind}", f"write {column} as {kind}")
+        except ValueError:  # also an integer of more digits than Python converts
+            self.fail(column, f"{_short_repr(text, 40)} is not {kind}", f"write {column} as {kind}")
+        if not math.isfinite(value):
+            self.fail(column, f"must be a finite number, got {text}", f"write {column} as {kind}")
         if value < 0 or (strictly_positive and value == 0):
             relation = "> 0" if strictly_positive else ">= 0"
             self.fail(column, f"must be {relation}, got {text}", f"correct {column}")
+        if value > most:
+            self.fail(
+                column,
+                f"must be at most {most:,g}, got {_short_repr(text, 40)}",
+                f"correct {column}",
+            )
         return value
 
     def date(self, column: str) -> str:
@@ -270,6 +288,11 @@ class Row:
         return text
 
 
+def _short_repr(value: object, most: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= most else f"{text[:most]}..."
+
+
 def _is_utc_time(text: str) -> bool:
     try:
         dt.datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ")
@@ -280,29 +303,40 @@ def _is_utc_time(text: str) -> bool:
 
 def read_csv_rows(path: Path, display: str, columns: tuple[str, ...]) -> Iterator[Row]:
     """Yield the rows of a CSV whose header must be exactly ``columns``."""
-    if not path.is_file():
+    text = read_user_text(
+        path,
+        max_bytes=MAX_CSV_BYTES,
+        error=CatalogError,
+        display=display,
+        fix="check the path; offers files are CSV",
+    )
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        yield from _rows(reader, display, columns)
+    except csv.Error as exc:  # a NUL byte, a field over the csv module's limit
         raise CatalogError(
-            "file not found", file=display, fix="check the path; offers files are CSV"
+            f"not CSV: {exc}", file=display, line=reader.line_num, fix="save the file as plain CSV"
+        ) from None
+
+
+def _rows(reader, display: str, columns: tuple[str, ...]) -> Iterator[Row]:
+    header = next(reader, None)
+    if header is None or tuple(h.strip() for h in header) != columns:
+        raise CatalogError(
+            f"header is {_short_repr(header)}",
+            file=display,
+            line=1,
+            fix=f"the first line must be exactly: {','.join(columns)}",
         )
-    with path.open(newline="", encoding="utf-8") as handle:
-        reader = csv.reader(handle)
-        header = next(reader, None)
-        if header is None or tuple(h.strip() for h in header) != columns:
+    for values in reader:
+        line = reader.line_num
+        if not values or all(not v.strip() for v in values):
+            continue
+        if len(values) != len(columns):
             raise CatalogError(
-                f"header is {header!r}",
+                f"has {len(values)} fields, expected {len(columns)}",
                 file=display,
-                line=1,
-                fix=f"the first line must be exactly: {','.join(columns)}",
+                line=line,
+                fix="quote fields that contain commas; one value per column",
             )
-        for values in reader:
-            line = reader.line_num
-            if not values or all(not v.strip() for v in values):
-                continue
-            if len(values) != len(columns):
-                raise CatalogError(
-                    f"has {len(values)} fields, expected {len(columns)}",
-                    file=display,
-                    line=line,
-                    fix="quote fields that contain commas; one value per column",
-                )
-            yield Row(dict(zip(columns, values, strict=True)), file=display, line=line)
+        yield Row(dict(zip(columns, values, strict=True)), file=display, line=line)

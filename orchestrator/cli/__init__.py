@@ -21,6 +21,7 @@ from orchestrator.cli import (
     simulate_cmd,
     submit_cmd,
 )
+from orchestrator.cli.jobs_cmd import printable
 from orchestrator.errors import USER_ERROR_EXIT_CODE, UserError
 
 
@@ -59,11 +60,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit code."""
     args = build_parser().parse_args(argv)
-    catalog = Catalog(args.configs)
     try:
-        return args.run(args, catalog)
+        return args.run(args, Catalog(args.configs))
     except UserError as exc:
-        print(f"error: {exc.render()}", file=sys.stderr)
+        # what the user's file held is echoed escaped: no escape sequence reaches the terminal
+        print(f"error: {printable(exc.render())}", file=sys.stderr)
         return USER_ERROR_EXIT_CODE
     except BrokenPipeError:  # e.g. `... | head`: the reader left; nothing to report
         return 0

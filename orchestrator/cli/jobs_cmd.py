@@ -16,8 +16,10 @@ from orchestrator.catalog import Catalog
 from orchestrator.cli.output import format_table, print_json
 from orchestrator.driver.events import read_events
 from orchestrator.driver.job import JOBS_DIR, STOP_FILE, iso_time, status_row
-from orchestrator.driver.state import JobState, StateStore
+from orchestrator.driver.state import JobState, StateCorrupt, StateStore
 from orchestrator.errors import UserError
+from orchestrator.names import job_name_problem
+from orchestrator.yamlsrc import file_problem
 
 
 def add_jobs(commands: argparse._SubParsersAction, formatter: type) -> None:
@@ -53,27 +55,67 @@ def add_jobs(commands: argparse._SubParsersAction, formatter: type) -> None:
 
 
 def run_status(args: argparse.Namespace, catalog: Catalog) -> int:
-    folders = [args.jobs_dir / args.job] if args.job else sorted(args.jobs_dir.glob("*/"))
-    states = [_load(folder) for folder in folders if StateStore(folder).exists() or args.job]
+    if args.job:
+        states, broken = [_load(_folder(args, args.job))], []
+    else:
+        states, broken = _load_all(args.jobs_dir)
     if args.json:
-        print_json({"jobs": [status_row(s) for s in states]})
+        print_json(
+            {
+                "jobs": [status_row(s) for s in states],
+                "unreadable": [_broken_json(name, e) for name, e in broken],
+            }
+        )
         return 0
-    if not states:
+    if not states and not broken:
         print(f"no jobs in {args.jobs_dir} (python -m orchestrator submit RECIPE starts one)")
         return 0
-    header = ("job", "phase", "step", "loss", "samples_per_s", "usd_spent", "recoveries", "nodes")
-    rows = [tuple(status_row(s)[k] for k in _KEYS) for s in states]
-    print(format_table(header, rows))
+    rows = [tuple(printable(status_row(s)[k]) for k in _KEYS) for s in states]
+    rows += [(printable(name), "unreadable") + (None,) * (len(_KEYS) - 2) for name, _ in broken]
+    print(format_table(_KEYS, rows))
+    for name, error in broken:
+        print(f"\n{printable(name)}: {printable(error.render())}")
     return 0
 
 
 _KEYS = ("job", "phase", "step", "loss", "samples_per_s", "usd_spent", "recoveries", "nodes")
 
 
+def _load_all(jobs_dir: Path) -> tuple[list[JobState], list[tuple[str, UserError]]]:
+    """Every job under ``jobs_dir``, and those that cannot be read with why: one broken job's
+    folder hides none of the others."""
+    states, broken = [], []
+    for folder in sorted(p for p in jobs_dir.glob("*") if p.is_dir()):
+        if not StateStore(folder).exists():
+            continue  # not a job's folder
+        problem = job_name_problem(folder.name)
+        if problem is not None:
+            broken.append((folder.name, UserError(problem, file=str(folder))))
+            continue
+        try:
+            states.append(StateStore(folder).load().state)
+        except StateCorrupt as error:
+            broken.append((folder.name, error))
+    return states, broken
+
+
+def _broken_json(name: str, error: UserError) -> dict:
+    return {"job": name, "file": error.file, "problem": error.message, "fix": error.fix}
+
+
 def run_logs(args: argparse.Namespace, catalog: Catalog) -> int:
-    folder = args.jobs_dir / args.job
-    _load(folder)  # a clear error for a job that does not exist
-    events = list(read_events(folder / "events.jsonl"))
+    folder = _folder(args, args.job)
+    path = folder / "events.jsonl"
+    if not StateStore(folder).exists() and not path.exists():
+        raise _no_job(folder)
+    problem = file_problem(path)
+    if problem is not None and path.exists():
+        raise UserError(
+            f"the event log {problem}",
+            file=str(path),
+            fix="move it away: the job's driver writes a new log there",
+        )
+    events = list(read_events(path))
     if args.json:
         print_json({"job": args.job, "events": events})
         return 0
@@ -83,28 +125,67 @@ def run_logs(args: argparse.Namespace, catalog: Catalog) -> int:
         details = event.get("details")
         if details:
             parts.append(", ".join(f"{k}={v}" for k, v in details.items()))
-        print("  ".join(str(p) for p in parts))
+        print(printable("  ".join(str(p) for p in parts)))
     return 0
 
 
 def run_stop(args: argparse.Namespace, catalog: Catalog) -> int:
-    folder = args.jobs_dir / args.job
+    folder = _folder(args, args.job)
     state = _load(folder)
     if state.phase in ("done", "failed", "stopped"):
-        print(f"job {args.job} is not running ({state.phase})")
+        print(f"job {args.job} is not running ({printable(state.phase)})")
         return 0
-    (folder / STOP_FILE).write_text("stop\n")
+    try:
+        (folder / STOP_FILE).write_text("stop\n")
+    except OSError as exc:
+        raise UserError(
+            f"cannot ask the job to stop: {exc.strerror or exc}",
+            file=str(folder / STOP_FILE),
+            fix="check that the job's folder is writable and holds no folder of that name",
+        ) from None
     print(
         f"asked job {args.job} to stop: it checkpoints after its current step and frees its nodes"
     )
     return 0
 
 
+def _folder(args: argparse.Namespace, job: str) -> Path:
+    """The folder of the job named ``job``; no path is built from a name that is not a job's."""
+    problem = job_name_problem(job)
+    if problem is not None:
+        raise UserError(
+            problem,
+            field="JOB",
+            fix="give a job's name as python -m orchestrator status lists them",
+        )
+    return args.jobs_dir / job
+
+
 def _load(folder: Path) -> JobState:
     store = StateStore(folder)
     if not store.exists():
-        raise UserError(
-            f"no job {folder.name!r} in {folder.parent}",
-            fix="python -m orchestrator status lists the jobs; --jobs-dir says where to look",
-        )
+        raise _no_job(folder)
     return store.load().state
+
+
+def _no_job(folder: Path) -> UserError:
+    return UserError(
+        f"no job {folder.name!r} in {folder.parent}",
+        field="JOB",
+        fix="python -m orchestrator status lists the jobs; --jobs-dir says where to look",
+    )
+
+
+def printable(value: object) -> object:
+    """Text with its control characters (escape sequences, carriage returns) written as escapes,
+    so that what a file holds cannot drive the terminal; other values as they are."""
+    if not isinstance(value, str) or value.isprintable() or _only_newlines(value):
+        return value
+    return "".join(
+        c if c.isprintable() or c == "\n" else c.encode("unicode_escape").decode("ascii")
+        for c in value
+    )
+
+
+def _only_newlines(text: str) -> bool:
+    return text.replace("\n", "").isprintable()

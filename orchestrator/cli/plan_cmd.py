@@ -22,6 +22,7 @@ from orchestrator.planner.search import SearchResult, search
 from orchestrator.recipe import Recipe, load_recipe
 
 GIB = 1024**3
+MAX_TOP = 100  # plans listed: the search goes on until it has this many
 
 
 def add_plan(commands: argparse._SubParsersAction, formatter: type) -> None:
@@ -47,7 +48,13 @@ def add_plan(commands: argparse._SubParsersAction, formatter: type) -> None:
         help="plan against this offers CSV (columns of configs/prices/offers.csv) instead of the "
         "recipe's market",
     )
-    p.add_argument("--top", type=int, default=5, metavar="K", help="how many plans to list (5)")
+    p.add_argument(
+        "--top",
+        type=int,
+        default=5,
+        metavar="K",
+        help=f"how many plans to list (5; 1 to {MAX_TOP})",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.add_argument("-o", "--output", type=Path, metavar="PLAN", help="write the best plan here")
     p.add_argument(
@@ -60,16 +67,13 @@ def add_plan(commands: argparse._SubParsersAction, formatter: type) -> None:
 
 
 def run_plan(args: argparse.Namespace, catalog: Catalog) -> int:
-    if args.top < 1:
-        raise UserError(f"--top {args.top}: must be 1 or more", field="--top", fix="give --top 5")
+    if not 1 <= args.top <= MAX_TOP:
+        raise UserError(
+            f"--top {args.top}: must be from 1 to {MAX_TOP}", field="--top", fix="give --top 5"
+        )
     recipe = load_recipe(args.recipe, catalog=catalog)
-    market = None
-    if args.market is not None:
-        if not args.market.is_file():
-            raise UserError(
-                "file not found", file=str(args.market), fix="give the path of an offers .csv"
-            )
-        market = catalog.load_market(args.market)
+    # a missing file, a folder or a FIFO is a CatalogError naming it
+    market = None if args.market is None else catalog.load_market(args.market)
     context = prepare(recipe, catalog, market)
     options = SearchOptions(top_k=args.top, progress=lambda line: print(line, file=sys.stderr))
     result = search(context.evaluator, context.space, options)

@@ -16,6 +16,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import BinaryIO
+
+MAX_LINE_BYTES = 1024 * 1024  # an event is a few hundred bytes; a longer line is not one
+# the times a calendar (datetime) can show: 1970 to the end of year 9999
+EARLIEST_S, LATEST_S = 0.0, 253_402_300_799.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,14 +56,44 @@ class EventLog:
 
 
 def read_events(path: Path) -> Iterator[dict]:
-    """The events in ``path``, oldest first; a torn line (a crash mid-write) is skipped."""
-    if not path.exists():
+    """The events in ``path``, oldest first. A line that is not one event is skipped: a torn line
+    (a crash mid-write), bytes that are not UTF-8, a line longer than ``MAX_LINE_BYTES``, JSON that
+    is not an object, or an object whose ``event``, ``time_s`` or ``details`` has the wrong type."""
+    if not path.is_file():  # missing, or a folder or FIFO (never opened: it could block)
         return
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
+    with path.open("rb") as handle:
+        while line := handle.readline(MAX_LINE_BYTES + 1):
+            if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
+                _skip_rest_of_line(handle)
                 continue
-            if isinstance(record, dict) and "event" in record:
+            record = _parse(line)
+            if record is not None:
                 yield record
+
+
+def _parse(line: bytes) -> dict | None:
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return None
+    return record if _is_event(record) else None
+
+
+def _is_event(record: object) -> bool:
+    """An event as ``Event.to_dict`` writes it, its time one that a calendar can show."""
+    if not isinstance(record, dict) or not isinstance(record.get("event"), str):
+        return False
+    time_s = record.get("time_s")
+    if isinstance(time_s, bool) or not isinstance(time_s, (int, float)):
+        return False
+    if not EARLIEST_S <= time_s <= LATEST_S:  # also false for NaN
+        return False
+    texts = ("decision", "reason", "plan_before", "plan_after")
+    if any(not isinstance(record.get(k, ""), str | None) for k in texts):
+        return False
+    return isinstance(record.get("details", {}), dict)
+
+
+def _skip_rest_of_line(handle: BinaryIO) -> None:
+    while (chunk := handle.readline(MAX_LINE_BYTES)) and not chunk.endswith(b"\n"):
+        pass

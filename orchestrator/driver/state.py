@@ -13,14 +13,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import time
+import types
+import typing
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
+from orchestrator.driver.events import EARLIEST_S, LATEST_S
 from orchestrator.errors import UserError
+from orchestrator.yamlsrc import file_problem
 
 FORMAT = "geo-orchestrator/job-state-v1"
+MAX_STATE_BYTES = 64 * 1024 * 1024  # a state holds a loss per step: 10 million steps fit
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -129,19 +135,72 @@ class StateStore:
 
 
 def _read(path: Path) -> JobState:
+    """The state in ``path``; FileNotFoundError when there is none, ValueError saying what is
+    wrong when it cannot be trusted (a folder, a FIFO, not JSON, a bad checksum, wrong types)."""
+    problem = file_problem(path)
+    if problem == "file not found":
+        raise FileNotFoundError(path)
+    if problem is not None:
+        raise ValueError(problem)
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_STATE_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"cannot read it: {exc.strerror or exc}") from None
+    if len(data) > MAX_STATE_BYTES:
+        raise ValueError(f"larger than {MAX_STATE_BYTES:,} bytes, not a state this code wrote")
+    try:
+        document = json.loads(data.decode("utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
         raise ValueError(f"not JSON ({exc.__class__.__name__}), torn or corrupt") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ValueError(f"not a {FORMAT} document")
     body = json.dumps(document.get("state"), sort_keys=True)
     if _digest(body) != document.get("sha256"):
         raise ValueError("checksum mismatch")
+    state = document["state"]
+    if not isinstance(state, dict):
+        raise ValueError("the state is not a mapping of fields")
+    _check_fields(state)
     try:
-        return JobState.from_dict(document["state"])
+        return JobState.from_dict(state)
     except TypeError as exc:
         raise ValueError(f"fields do not match ({exc})") from None
+
+
+def _check_fields(state: dict) -> None:
+    """Raise ValueError naming the first field whose value is not of its type (a float must be
+    finite, a time one a calendar can show), so nothing that reads the state fails later."""
+    hints = typing.get_type_hints(JobState)
+    for name, value in state.items():
+        if name in hints and not _fits(value, hints[name]):
+            shown = repr(value)
+            shown = shown if len(shown) <= 40 else shown[:40] + "..."
+            raise ValueError(f"field {name} is {shown}, not {_type_name(hints[name])}")
+        if name.endswith("_at_s") and not EARLIEST_S <= value <= LATEST_S:
+            raise ValueError(f"field {name} is {value}, not a time")
+
+
+def _fits(value: object, hint: object, *, finite: bool = True) -> bool:
+    """Whether ``value`` (from JSON) is a ``hint``; the items of a list (losses) may be NaN or
+    infinite, as a diverged run's losses are, the other numbers may not."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if origin is tuple:  # written as a JSON list
+        return isinstance(value, list) and all(_fits(v, args[0], finite=False) for v in value)
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return number and (not finite or math.isfinite(value))
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, hint) if isinstance(hint, type) else True
+
+
+def _type_name(hint: object) -> str:
+    return getattr(hint, "__name__", None) or str(hint)
 
 
 def _digest(body: str) -> str:

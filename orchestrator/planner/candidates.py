@@ -10,7 +10,9 @@ and it can cost no less than its GPUs at the cheapest allowed price for that lon
 
 from __future__ import annotations
 
+import functools
 import itertools
+import math
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -336,6 +338,17 @@ def dp_degrees(space: SearchSpace, mbs: int, need: Mapping[str, int]) -> list[in
     most = min(space.capacity(g) // n for g, n in need.items())
     if space.max_gpus:
         most = min(most, space.max_gpus // sum(need.values()))
-    per = space.global_batch_size // mbs
     allowed = set(space.data_parallel) if space.data_parallel else None
-    return [d for d in range(1, most + 1) if per % d == 0 and (allowed is None or d in allowed)]
+    return [
+        d
+        for d in divisors(space.global_batch_size // mbs)
+        if d <= most and (allowed is None or d in allowed)
+    ]
+
+
+@functools.lru_cache(maxsize=256)
+def divisors(n: int) -> tuple[int, ...]:
+    """The divisors of ``n`` in order, found in sqrt(n) steps: the degrees that split a batch of
+    ``n`` microbatches evenly (a loop to ``n`` would take as long as the batch is large)."""
+    low = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return tuple(low + [n // d for d in reversed(low) if d * d != n])

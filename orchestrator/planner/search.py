@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -39,6 +40,7 @@ from orchestrator.planner.candidates import (
     Evaluator,
     Shape,
     block_sizes,
+    divisors,
     dp_degrees,
     expand_blocks,
     type_assignments,
@@ -260,7 +262,7 @@ class _Search:
             # backward comes before it); the first stage's all-reduce and step come after.
             m = batch // (mbs * dp)
             pipeline = max(
-                total / (1 - (1 - 1 / m) ** stages),
+                total / _held_share(m, stages),
                 m * slowest,
                 total + (m - 1) * forward * slowest,
                 fleet,
@@ -360,9 +362,7 @@ class _Search:
                 self._dp[key] = dp_degrees(self.space, mbs, dict(need))
             else:
                 per, allowed = self.space.global_batch_size // mbs, self.space.data_parallel
-                self._dp[key] = [
-                    d for d in range(1, per + 1) if per % d == 0 and (not allowed or d in allowed)
-                ]
+                self._dp[key] = [d for d in divisors(per) if not allowed or d in allowed]
         return self._dp[key]
 
     # ---- level 2: shapes (a config with a layer split) ----------------------------------
@@ -490,6 +490,14 @@ class _Search:
         if floor and self.best_floor_bound < floor:
             self.result.unreachable_floor = self.best_floor_bound
         return self.result
+
+
+def _held_share(microbatches: int, stages: int) -> float:
+    """``1 - (1 - 1/m)^P``: the share of the work that P stages can hold (see ``seconds``),
+    computed so that it stays above 0 however many microbatches there are."""
+    if microbatches <= 1:
+        return 1.0
+    return -math.expm1(stages * math.log1p(-1 / microbatches))
 
 
 def search(

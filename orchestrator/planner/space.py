@@ -86,7 +86,13 @@ def build_space(
             field="constraints",
             fix="allow more locations or GPU types (python -m orchestrator validate RECIPE says which)",
         )
-    resources = _resources(offers, k.max_gpus, catalog)
+    spec = model_spec(recipe.model.name)
+    layers = num_layers or spec.num_layers
+    tp_degrees = tuple(sorted(recipe.parallelism.tensor_parallel if spec.family == "gpt" else (1,)))
+    t = recipe.training
+    microbatch_sizes = tuple(sorted(m for m in t.microbatch_sizes if t.global_batch_size % m == 0))
+    useful = most_useful_gpus(t.global_batch_size, microbatch_sizes, layers, tp_degrees)
+    resources = _resources(offers, k.max_gpus, useful)
     places = sorted({r.infra for r in resources if r.capacity > 0})
     if len(places) < k.min_locations:
         raise UserError(
@@ -96,21 +102,11 @@ def build_space(
             fix=f"lower constraints.min_locations to {max(1, len(places))}, or allow more "
             "locations or GPU types (constraints.locations, gpu_types)",
         )
-    spec = model_spec(recipe.model.name)
-    layers = num_layers or spec.num_layers
     runtime = recipe.runtime
     return SearchSpace(
         resources=resources,
-        microbatch_sizes=tuple(
-            sorted(
-                m
-                for m in recipe.training.microbatch_sizes
-                if recipe.training.global_batch_size % m == 0
-            )
-        ),
-        tp_degrees=tuple(
-            sorted(recipe.parallelism.tensor_parallel if spec.family == "gpt" else (1,))
-        ),
+        microbatch_sizes=microbatch_sizes,
+        tp_degrees=tp_degrees,
         max_stages=min(layers, recipe.parallelism.max_pipeline_stages or layers),
         data_parallel=tuple(sorted(recipe.parallelism.data_parallel)),
         max_gpus=k.max_gpus,
@@ -124,7 +120,20 @@ def build_space(
     )
 
 
-def _resources(offers, max_gpus: int | None, catalog: Catalog) -> tuple[Resource, ...]:
+def most_useful_gpus(
+    global_batch_size: int,
+    microbatch_sizes: tuple[int, ...],
+    layers: int,
+    tp_degrees: tuple[int, ...],
+) -> int:
+    """The most GPUs any plan of the space can use: a replica per smallest microbatch of the
+    batch, a stage per layer, the widest TP degree in each. No place needs to offer more, so the
+    planner's work is bounded by this and what the market gives, never by ``max_gpus`` alone."""
+    replicas = global_batch_size // min(microbatch_sizes, default=global_batch_size)
+    return max(1, replicas * layers * max(tp_degrees, default=1))
+
+
+def _resources(offers, max_gpus: int | None, useful: int) -> tuple[Resource, ...]:
     grouped: dict[tuple[str, str], list] = {}
     for offer in offers:
         grouped.setdefault((str(offer.location), offer.gpu), []).append(offer)
@@ -140,7 +149,8 @@ def _resources(offers, max_gpus: int | None, catalog: Catalog) -> tuple[Resource
                 field="constraints.max_gpus",
                 fix="set constraints.max_gpus, or plan against a market file with available_count",
             )
-        capacity = max_gpus if unknown else sum(counts)
+        # a place that does not say its capacity gives what the recipe allows
+        capacity = min(max_gpus if unknown else sum(counts), useful)
         if capacity <= 0:
             continue
         location = Location.parse(infra)

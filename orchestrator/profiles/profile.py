@@ -19,8 +19,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import UserError
+from orchestrator.yamlsrc import MIB, read_user_text
 
 FORMAT = "geo-orchestrator/profile-v1"
+MAX_PROFILE_BYTES = 64 * MIB  # SAILOR's largest published profile is 0.06 MiB
 SOURCES = ("measured", "imported", "estimated")
 ELEMENT_BYTES = {"fp32": 4, "fp16-mixed": 2, "bf16-mixed": 2}
 
@@ -262,11 +264,12 @@ def profile_to_json(profile: ModelProfile, gpu: str) -> dict:
 
 def load_profile_json(path: Path) -> ModelProfile:
     """Read a profile .json (docs/profile.md), checking its shape; raise UserError naming what is wrong."""
+    text = read_user_text(
+        path, max_bytes=MAX_PROFILE_BYTES, fix="check the path of the profile .json"
+    )
     try:
-        document = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UserError("profile file not found", file=str(path), fix="check the path") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        document = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
         raise UserError(
             f"not a JSON profile: {exc}",
             file=str(path),

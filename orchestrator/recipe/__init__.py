@@ -24,7 +24,7 @@ from orchestrator.recipe.schema import (
     RuntimeConfig,
     TrainingConfig,
 )
-from orchestrator.yamlsrc import YamlSyntaxError, load_yaml_text
+from orchestrator.yamlsrc import RECIPE_LIMITS, YamlSyntaxError, load_yaml_text, read_user_text
 
 __all__ = [
     "CheckpointConfig",
@@ -45,18 +45,12 @@ __all__ = [
 def load_recipe(path: str | Path, *, catalog: Catalog | None = None) -> Recipe:
     """Read, bind and check the recipe at ``path``; raise RecipeError naming file, line and field."""
     path = Path(path)
-    if not path.is_file():
-        raise RecipeError(
-            "file not found",
-            file=str(path),
-            fix="give the path of a recipe .yaml, e.g. recipes/quickstart.yaml",
-        )
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError(
-            f"cannot read the file: {exc}", file=str(path), fix="give a UTF-8 text file"
-        ) from None
+    text = read_user_text(
+        path,
+        max_bytes=RECIPE_LIMITS.max_bytes,
+        error=RecipeError,
+        fix="give the path of a recipe .yaml, e.g. recipes/quickstart.yaml",
+    )
     return parse_recipe(text, file=str(path), folder=path.resolve().parent, catalog=catalog)
 
 

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.catalog import PROVIDER_CLOUDS, Catalog, Location, OfferTable
 from orchestrator.errors import CatalogError, RecipeError, UserError
+from orchestrator.names import default_job_name, job_name_problem
+from orchestrator.recipe.limits import MAX_STREAMS, MAX_TENSOR_PARALLEL
 from orchestrator.recipe.schema import Recipe
-from orchestrator.yamlsrc import Path_, YamlDoc, path_text
+from orchestrator.yamlsrc import Path_, YamlDoc, file_problem, path_text
 from runtime.models.specs import BUILTIN_MODELS, ModelSpec
 
-MAX_TENSOR_PARALLEL = 16
-MAX_STREAMS = 256
 _S3_URL = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
 _DATA_BY_FAMILY = {"gpt": ("builtin-text", "shards"), "cnn": ("synthetic-images", "shards")}
 
@@ -58,6 +59,7 @@ class Checker:
 def check_recipe(recipe: Recipe, doc: YamlDoc, catalog: Catalog, folder: Path) -> Recipe:
     """Raise RecipeError listing every problem; return the normalized recipe."""
     checker = Checker(recipe, doc, catalog, folder)
+    _check_name(checker)
     spec = _check_model(checker)
     _check_data(checker, spec)
     _check_training(checker)
@@ -79,7 +81,7 @@ def check_recipe(recipe: Recipe, doc: YamlDoc, catalog: Catalog, folder: Path) -
         )
     return dataclasses.replace(
         recipe,
-        name=recipe.name or Path(doc.file).stem,
+        name=recipe.name or default_job_name(doc.file),
         market=_resolve(folder, recipe.market),
         constraints=dataclasses.replace(recipe.constraints, gpu_types=gpu_types),
         model=dataclasses.replace(
@@ -96,6 +98,18 @@ def _resolve_profile(folder: Path, profile: str) -> str:
     return (
         profile if profile in ("auto", "analytic", "sailor") else str((folder / profile).resolve())
     )
+
+
+def _check_name(c: Checker) -> None:
+    name = c.recipe.name
+    problem = None if name is None else job_name_problem(name)
+    if problem is not None:
+        c.error(
+            ("name",),
+            problem,
+            "write a short name such as my-job-1 (it names the job's folder), or remove name: "
+            "to use the file's name",
+        )
 
 
 def _check_model(c: Checker) -> ModelSpec | None:
@@ -125,10 +139,11 @@ def _check_model(c: Checker) -> ModelSpec | None:
                 f"'{profile}' is not auto, analytic, sailor or a .json file",
                 "write auto, analytic, sailor, or the path of a profile written by `orchestrator profile`",
             )
-        elif not path.is_file():
+        elif file_problem(path) is not None:
+            problem = file_problem(path)
             c.error(
                 ("model", "profile"),
-                f"profile file '{path}' does not exist",
+                f"profile file '{path}': {'does not exist' if 'not found' in problem else problem}",
                 "check the path (relative to the recipe's folder) or use profile: auto",
             )
     return spec
@@ -221,9 +236,7 @@ def _check_microbatches(c: Checker) -> None:
         elif size in seen:
             c.error(path + (index,), f"{size} is listed twice", "list each microbatch size once")
         elif t.global_batch_size >= 1 and t.global_batch_size % size:
-            divisors = [
-                d for d in range(1, t.global_batch_size + 1) if t.global_batch_size % d == 0
-            ][:10]
+            divisors = _divisors(t.global_batch_size)[:10]
             c.error(
                 path + (index,),
                 f"global_batch_size {t.global_batch_size} is not divisible by microbatch size {size}",
@@ -231,6 +244,12 @@ def _check_microbatches(c: Checker) -> None:
                 f"{', ...' if len(divisors) == 10 else ''}",
             )
         seen.add(size)
+
+
+def _divisors(n: int) -> list[int]:
+    """The divisors of ``n`` in order, in sqrt(n) steps."""
+    low = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return low + [n // d for d in reversed(low) if d * d != n]
 
 
 def _check_objective(c: Checker) -> None:
@@ -362,10 +381,11 @@ def _market(c: Checker) -> OfferTable | None:
     if c.recipe.market is None:
         return c.catalog.market(c.recipe.provider)
     path = c.folder / c.recipe.market
-    if not path.is_file():
+    problem = file_problem(path)
+    if problem is not None:
         c.error(
             ("market",),
-            f"market file '{path}' does not exist",
+            f"market file '{path}': {'does not exist' if 'not found' in problem else problem}",
             "give the path of an offers CSV (relative to the recipe's folder), or remove market",
         )
         return None
@@ -386,11 +406,15 @@ def _check_market(
     placed = market.query(within=within, exclude=exclude)
     if not placed:
         regions = sorted({str(o.location.region_location()) for o in market.offers})
-        field = "locations" if within else "exclude_locations"
+        # the exclusions bind when the allowed places alone leave offers
+        field = "locations" if within and not market.query(within=within) else "exclude_locations"
+        offered = f"{', '.join(regions[:15])}{', ...' if len(regions) > 15 else ''}"
         c.error(
             path + (field,),
             f"no offer of the {c.recipe.provider} market is left in these places",
-            f"allow some of: {', '.join(regions[:15])}{', ...' if len(regions) > 15 else ''}",
+            f"allow some of: {offered}"
+            if field == "locations"
+            else f"exclude fewer places; the market offers GPUs in {offered}",
         )
     elif not market.query(gpus=gpus, within=within, exclude=exclude):
         there = sorted({o.gpu for o in placed})
@@ -520,9 +544,10 @@ def _check_local_cloud(c: Checker) -> None:
     for name in ("preempt_at_steps", "preempt_location_at_steps", "preempt_driver_at_steps"):
         bad = [k for k in getattr(local, name) if not 1 <= k < steps]
         if bad:
+            shown = ", ".join(map(str, bad[:10])) + (", ..." if len(bad) > 10 else "")
             c.error(
                 path + (name,),
-                f"steps {bad} are outside 1..{steps - 1} (training.steps is {steps})",
+                f"steps [{shown}] are outside 1..{steps - 1} (training.steps is {steps})",
                 "list steps the job will reach, e.g. [60]",
             )
     if local.notice_s <= 0:

@@ -8,12 +8,13 @@ errors. docs/recipe.md documents the format.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
+from orchestrator.recipe import limits as L
+from orchestrator.recipe.binder import described
 
-def _help(text: str, **kwargs):
-    return field(metadata={"help": text}, **kwargs)
+_help = described  # a field with its "what to write" and its limits
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,29 +41,39 @@ class DataConfig:
 @dataclass(frozen=True, kw_only=True)
 class OptimizerConfig:
     name: Literal["adam", "adamw", "sgd"] = _help("adam, adamw or sgd", default="adamw")
-    lr: float = _help("learning rate, a positive number such as 3.0e-4", default=3e-4)
-    weight_decay: float = _help("weight decay, >= 0", default=0.0)
-    momentum: float = _help("SGD momentum in [0, 1)", default=0.0)
+    lr: float = _help(
+        "learning rate, a positive number such as 3.0e-4", default=3e-4, most=L.MAX_LR
+    )
+    weight_decay: float = _help("weight decay, >= 0", default=0.0, most=L.MAX_WEIGHT_DECAY)
+    momentum: float = _help("SGD momentum in [0, 1)", default=0.0, most=1.0)
     grad_clip_norm: float | None = _help(
-        "clip the global gradient norm to this (> 0), or null", default=1.0
+        "clip the global gradient norm to this (> 0), or null",
+        default=1.0,
+        most=L.MAX_GRAD_CLIP_NORM,
     )
 
 
 @dataclass(frozen=True, kw_only=True)
 class TrainingConfig:
-    global_batch_size: int = _help("samples per optimizer step, a positive whole number")
+    global_batch_size: int = _help(
+        "samples per optimizer step, a positive whole number", most=L.MAX_GLOBAL_BATCH_SIZE
+    )
     microbatch_sizes: tuple[int, ...] = _help(
         "microbatch sizes the planner may choose, each dividing global_batch_size, e.g. [1, 2, 4]",
         default=(1,),
+        most=L.MAX_GLOBAL_BATCH_SIZE,
+        items=L.MAX_MICROBATCH_SIZES,
     )
-    steps: int = _help("optimizer steps to train, a positive whole number")
+    steps: int = _help("optimizer steps to train, a positive whole number", most=L.MAX_STEPS)
     precision: Literal["fp32", "fp16-mixed", "bf16-mixed"] = _help(
         "fp32, fp16-mixed or bf16-mixed", default="fp32"
     )
     optimizer: OptimizerConfig = _help(
         "name, lr, weight_decay, momentum, grad_clip_norm", default_factory=OptimizerConfig
     )
-    seed: int = _help("random seed, a whole number", default=0)
+    seed: int = _help(
+        "random seed, a whole number from 0 to 4294967295", default=0, most=L.MAX_SEED
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,16 +82,24 @@ class ObjectiveConfig:
         "max_throughput or min_cost", default="max_throughput"
     )
     budget_usd_per_hour: float | None = _help(
-        "with goal max_throughput: spend at most this many $ per hour (> 0)", default=None
+        "with goal max_throughput: spend at most this many $ per hour (> 0)",
+        default=None,
+        most=L.MAX_USD_PER_HOUR,
     )
     min_throughput_samples_per_s: float | None = _help(
-        "with goal min_cost: keep at least this many samples/s (> 0)", default=None
+        "with goal min_cost: keep at least this many samples/s (> 0)",
+        default=None,
+        most=L.MAX_SAMPLES_PER_S,
     )
     deadline_h: float | None = _help(
-        "with goal min_cost: finish all steps within this many hours (> 0)", default=None
+        "with goal min_cost: finish all steps within this many hours (> 0)",
+        default=None,
+        most=L.MAX_DEADLINE_H,
     )
     budget_usd: float | None = _help(
-        "stop before total spend (compute + egress) exceeds this many $ (> 0)", default=None
+        "stop before total spend (compute + egress) exceeds this many $ (> 0)",
+        default=None,
+        most=L.MAX_USD,
     )
     risk_aware: bool = _help(
         "true to score plans by expected throughput under preemptions", default=False
@@ -92,19 +111,23 @@ class ConstraintsConfig:
     locations: tuple[str, ...] = _help(
         "allowed places as cloud[/region[/zone]], e.g. [gcp/us-central1, aws]; empty: all the provider offers",
         default=(),
+        items=L.MAX_LOCATIONS,
     )
     exclude_locations: tuple[str, ...] = _help(
-        "places never to use, cloud[/region[/zone]]", default=()
+        "places never to use, cloud[/region[/zone]]", default=(), items=L.MAX_LOCATIONS
     )
     gpu_types: tuple[str, ...] = _help(
-        "allowed GPU types, e.g. [A100, V100]; empty: any", default=()
+        "allowed GPU types, e.g. [A100, V100]; empty: any", default=(), items=L.MAX_GPU_TYPES
     )
-    max_gpus: int | None = _help("at most this many GPUs in total (>= 1), or null", default=None)
+    max_gpus: int | None = _help(
+        "at most this many GPUs in total (>= 1), or null", default=None, most=L.MAX_GPUS
+    )
     min_locations: int = _help(
         "spread the GPUs over at least this many locations (zones), so that one location taken "
         "back at once does not stop the job (>= 1; 1: no spreading); when the market cannot "
         "give that many, the driver trains on fewer",
         default=1,
+        most=L.MAX_LOCATIONS,
     )
     pricing: Literal["spot", "on_demand", "any"] = _help("spot, on_demand or any", default="any")
 
@@ -112,20 +135,34 @@ class ConstraintsConfig:
 @dataclass(frozen=True, kw_only=True)
 class ParallelismConfig:
     tensor_parallel: tuple[int, ...] = _help(
-        "TP degrees the planner may use (powers of two, TP stays in a node)", default=(1, 2, 4, 8)
+        "TP degrees the planner may use (powers of two, TP stays in a node)",
+        default=(1, 2, 4, 8),
+        most=L.MAX_TENSOR_PARALLEL,
+        items=L.MAX_MICROBATCH_SIZES,
     )
-    data_parallel: tuple[int, ...] = _help("DP degrees the planner may use; empty: any", default=())
+    data_parallel: tuple[int, ...] = _help(
+        "DP degrees the planner may use; empty: any",
+        default=(),
+        most=L.MAX_GLOBAL_BATCH_SIZE,
+        items=L.MAX_LIST_ITEMS,
+    )
     max_pipeline_stages: int | None = _help(
-        "at most this many pipeline stages (>= 1), or null", default=None
+        "at most this many pipeline stages (>= 1), or null",
+        default=None,
+        most=L.MAX_PIPELINE_STAGES,
     )
 
 
 @dataclass(frozen=True, kw_only=True)
 class CheckpointConfig:
-    every_steps: int = _help("write a checkpoint every this many steps (>= 1)", default=50)
+    every_steps: int = _help(
+        "write a checkpoint every this many steps (>= 1)", default=50, most=L.MAX_STEPS
+    )
     path: str = _help("a local folder or s3://bucket/prefix", default="checkpoints")
     asynchronous: bool = _help("true to write checkpoints while training goes on", default=True)
-    keep_last: int = _help("keep this many checkpoints (>= 1)", default=2)
+    keep_last: int = _help(
+        "keep this many checkpoints (>= 1)", default=2, most=L.MAX_KEEP_CHECKPOINTS
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,7 +173,9 @@ class RuntimeConfig:
     compression: Literal["none", "fp16", "int8"] = _help(
         "compression of the cross-region all-reduce hop: none, fp16 or int8", default="none"
     )
-    streams: int = _help("parallel TCP streams per cross-region link (1-256)", default=8)
+    streams: int = _help(
+        "parallel TCP streams per cross-region link (1-256)", default=8, most=L.MAX_STREAMS
+    )
     link_emulation: bool = _help(
         "on the local cloud, give links the latency and bandwidth of the places", default=True
     )
@@ -147,31 +186,46 @@ class LocalCloudConfig:
     preempt_at_steps: tuple[int, ...] = _help(
         "steps after which the simulated market takes one of the job's nodes back, e.g. [60]",
         default=(),
+        most=L.MAX_STEPS,
+        items=L.MAX_PREEMPTIONS,
     )
     preempt_location_at_steps: tuple[int, ...] = _help(
         "steps after which the simulated market takes back every node the job holds in one "
         "location at once (the location of its first node), e.g. [120]",
         default=(),
+        most=L.MAX_STEPS,
+        items=L.MAX_PREEMPTIONS,
     )
     preempt_driver_at_steps: tuple[int, ...] = _help(
         "steps after which the simulated market takes back the node the job's driver runs on "
         "(Ray restarts the driver on another node and it takes the job over), e.g. [90]",
         default=(),
+        most=L.MAX_STEPS,
+        items=L.MAX_PREEMPTIONS,
     )
     notice_s: float = _help(
-        "market seconds between a preemption notice and the node's death (> 0)", default=2.0
+        "market seconds between a preemption notice and the node's death (> 0)",
+        default=2.0,
+        most=L.MAX_NOTICE_S,
     )
     slow_nodes: int = _help(
         "the first this many GPU nodes the simulated market gives run `slowdown` times slower "
         "than their type (noisy neighbours: watch the driver re-balance the batch) (>= 0)",
         default=0,
+        most=L.MAX_SLOW_NODES,
     )
-    slowdown: float = _help("how much slower a slow node computes (> 1)", default=2.0)
+    slowdown: float = _help(
+        "how much slower a slow node computes (> 1)", default=2.0, most=L.MAX_SLOWDOWN
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
 class Recipe:
-    name: str | None = _help("a short name for the job; default: the file name", default=None)
+    name: str | None = _help(
+        "a short name for the job: letters, digits, '.', '_' or '-', at most 64 characters; "
+        "default: the file name",
+        default=None,
+    )
     provider: Literal["local", "skypilot", "aws", "gcp", "azure"] = _help(
         "where to run: local (the simulated cloud on this machine), skypilot, aws, gcp or azure",
         default="local",
