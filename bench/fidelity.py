@@ -271,6 +271,7 @@ def main() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     places = {US_A: 4, US_B: 4, EU_A: 4}
     ray.init(
+        address="local",  # a cluster of its own, never one another process started
         num_cpus=2,
         resources={f"infra:{p}": n for p, n in places.items()},
         include_dashboard=False,

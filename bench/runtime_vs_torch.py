@@ -439,6 +439,7 @@ def start_ray() -> None:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # one CPU slot per worker, in the one place both workers share
     ray.init(
+        address="local",  # a cluster of its own, never one another process started
         num_cpus=WORLD,
         resources={f"infra:{PLACE}": WORLD},
         include_dashboard=False,

@@ -88,6 +88,8 @@ class StageWorker:
             "peak_memory_bytes": _peak_memory_bytes(self.layout.workers[self.rank].device),
             # the stage's tensors at their peak (runtime/memory.py); None where not measurable
             "peak_tensor_bytes": self.runner.memory.peak_bytes,
+            # the last step's summed gradient held no NaN or inf (the driver's divergence guard)
+            "grads_finite": self.runner.grads_finite,
         }
 
     def start_checkpoint(
@@ -113,8 +115,16 @@ class StageWorker:
         """Wait for the queued writes; their CheckpointEntry list (raises a write's error)."""
         return [] if self.checkpointer is None else self.checkpointer.wait(timeout_s)
 
-    def restore(self, store_url: str, job: str, step: int, endpoint_url: str | None = None) -> None:
-        """Load this worker's state at ``step`` (checksum verified), from a checkpoint of this
+    def restore(
+        self,
+        store_url: str,
+        job: str,
+        step: int,
+        endpoint_url: str | None = None,
+        manifest: dict | None = None,
+    ) -> None:
+        """Load this worker's state at ``step`` (checksum and identity verified against
+        ``manifest``, the driver's verified copy, or the store's), from a checkpoint of this
         layout or of any other (runtime/reshard.py); training goes on at step + 1."""
         from runtime import checkpoint
         from runtime.storage import open_store
@@ -123,13 +133,15 @@ class StageWorker:
         runner = self.runner
         self.done = None  # the steps after ``step`` are trained again
         runner.applied = step + 1
-        if checkpoint.has_state(store, job, step, stage=runner.stage, replica=runner.replica):
-            state = checkpoint.load(store, job, step, stage=runner.stage, replica=runner.replica)
+        manifest = manifest or checkpoint.read_manifest(store, job, step)
+        mine = {"stage": runner.stage, "replica": runner.replica, "manifest": manifest}
+        if checkpoint.has_state(store, job, step, **mine):
+            state = checkpoint.load(store, job, step, **mine)
             if tuple(state["layers"]) == tuple(self.layout.layers[runner.stage]):
                 runner.load_state_dict(state)  # the same worker of the same layout: exactly
                 return
         # written by another layout: take this stage's layers from the stages that held them
-        runner.load_resharded(checkpoint.load_stages(store, job, step))
+        runner.load_resharded(checkpoint.load_stages(store, job, step, manifest=manifest))
 
     def rescue(self, store_url: str, job: str, step: int, endpoint_url: str | None = None):
         """Write this worker's state after ``step`` now, if its weights hold exactly that (a peer
@@ -146,9 +158,8 @@ class StageWorker:
         if state is None:
             return None
         store = open_store(store_url, endpoint_url=endpoint_url)
-        key = checkpoint.object_key(job, step, self.runner.stage, self.runner.replica)
         return checkpoint.write_entry(
-            store, key, state, stage=self.runner.stage, replica=self.runner.replica
+            store, job, step, state, stage=self.runner.stage, replica=self.runner.replica
         )
 
     def close(self) -> None:

@@ -2,8 +2,9 @@
 
 Layout in an ObjectStore (storage.py: a local folder or S3)::
 
-    <job>/step-00000002/stage-0-replica-1.pt    torch.save of StageRunner.state_dict()
-    <job>/step-00000002/manifest.json           every worker's key, sha256 and size: the commit
+    <job>/step-00000002/stage-0-replica-1.pt    torch.save of {identity, StageRunner.state_dict()}
+    <job>/step-00000002/manifest.json           every worker's key, sha256 and size, signed: the
+                                                commit (manifest.py)
 
 ``step`` is the last training step the state includes; training resumes at ``step + 1`` (the data
 position is the step itself: sample ``k`` depends on the seed and ``k`` only, see data/text.py).
@@ -15,13 +16,19 @@ Each object is written atomically (temporary file + rename locally, a single put
 step is *complete* only once the driver has ``commit``-ted its manifest after every worker's write
 finished. A crash before that leaves a step without a manifest, which ``latest_complete`` ignores
 and a later commit deletes.
+
+Reading trusts nothing: the manifest is validated and its signature checked (manifest.py) before
+any object is read (``verified_manifest`` also checks every object is there with its size), each
+object's sha256 is checked against it, and each state names the job, step, stage and replica it
+was written for, checked on load (a state copied from another step or worker is refused). A write
+that fails for lack of space raises ``StoreFullError``, so the driver can say so.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
-import json
 import queue
 import re
 import threading
@@ -30,10 +37,11 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from runtime import manifest as manifests
 from runtime.storage import ObjectStore
 
 MANIFEST = "manifest.json"
-MANIFEST_FORMAT = 1
+STATE_FORMAT = "geo-orchestrator/worker-state-v1"
 _STEP_FOLDER = re.compile(r"^step-(\d{8})/")
 _JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -43,7 +51,12 @@ class CheckpointError(RuntimeError):
 
 
 class CheckpointCorruptError(CheckpointError):
-    """A stored object's bytes do not match the checksum its manifest records."""
+    """A stored object's bytes do not match the checksum its manifest records, or a manifest or
+    state is malformed, unsigned or not the one asked for."""
+
+
+class StoreFullError(CheckpointError):
+    """A write failed because the store has no space left (ENOSPC, EDQUOT)."""
 
 
 @dataclass(frozen=True)
@@ -182,11 +195,12 @@ class Checkpointer:
         while (job := self._queue.get()) is not None:
             key = object_key(self.job, job.step, self.stage, self.replica)
             try:
-                entry = self._write(key, job.state)
+                entry = self._write(job)
             # any failure (storage, pickling, torch.save) must reach wait(); uncaught, it would
             # end this thread and leave every later save waiting for its deadline
             except Exception as error:
-                failure = CheckpointError(
+                full = getattr(error, "errno", None) in (errno.ENOSPC, errno.EDQUOT)
+                failure = (StoreFullError if full else CheckpointError)(
                     f"writing checkpoint {key!r} to {self.store.url} failed ({error}); the step "
                     "stays incomplete: free space or fix access to the store, then checkpoint again"
                 )
@@ -201,17 +215,21 @@ class Checkpointer:
                     self._pending -= 1
                     self._done.notify_all()
 
-    def _write(self, key: str, state: object) -> CheckpointEntry:
-        return write_entry(self.store, key, state, stage=self.stage, replica=self.replica)
+    def _write(self, job: _Job) -> CheckpointEntry:
+        return write_entry(
+            self.store, self.job, job.step, job.state, stage=self.stage, replica=self.replica
+        )
 
 
 def write_entry(
-    store: ObjectStore, key: str, state: object, *, stage: int, replica: int
+    store: ObjectStore, job: str, step: int, state: object, *, stage: int, replica: int
 ) -> CheckpointEntry:
-    """Serialise ``state`` and put it at ``key``, now (the writer thread's work, and a survivor's
-    rescue write)."""
+    """Serialise ``state`` with what it is (job, step, stage, replica) and put it at its key, now
+    (the writer thread's work, and a survivor's rescue write)."""
     start = time.perf_counter()
-    data = serialize(state)
+    key = object_key(job, step, stage, replica)
+    identity = {"job": job, "step": step, "stage": stage, "replica": replica}
+    data = serialize({"format": STATE_FORMAT, "identity": identity, "state": state})
     store.put(key, data)
     return CheckpointEntry(
         stage=stage,
@@ -224,10 +242,17 @@ def write_entry(
 
 
 def commit(
-    store: ObjectStore, job: str, step: int, entries: list[CheckpointEntry], *, keep_last: int = 3
+    store: ObjectStore,
+    job: str,
+    step: int,
+    entries: list[CheckpointEntry],
+    *,
+    keep_last: int = 3,
+    signing_key: bytes | None = None,
 ) -> str:
-    """Make ``step`` complete: write its manifest once every worker's object is in the store, then
-    keep the ``keep_last`` newest complete steps. Returns the manifest's key."""
+    """Make ``step`` complete: write its manifest (signed with ``signing_key``, the job's) once
+    every worker's object is in the store, then keep the ``keep_last`` newest complete steps.
+    Returns the manifest's key."""
     if keep_last < 1:
         raise CheckpointError(f"keep_last={keep_last}: keep at least 1 complete checkpoint")
     prefix = step_prefix(job, step)
@@ -237,14 +262,9 @@ def commit(
                 f"cannot commit step {step} of {job!r}: {entry.key!r} is not in {store.url} "
                 f"under {prefix}; wait for every worker's write before committing"
             )
-    manifest = {
-        "format": MANIFEST_FORMAT,
-        "job": job,
-        "step": step,
-        "files": [asdict(e) for e in sorted(entries, key=lambda e: (e.stage, e.replica))],
-    }
+    files = [asdict(e) for e in sorted(entries, key=lambda e: (e.stage, e.replica))]
     key = manifest_key(job, step)
-    store.put(key, json.dumps(manifest, indent=1, sort_keys=True).encode())
+    store.put(key, manifests.encode(job, step, files, key=signing_key))
     prune(store, job, keep_last=keep_last)
     return key
 
@@ -285,7 +305,12 @@ def prune(store: ObjectStore, job: str, *, keep_last: int) -> list[int]:
     return doomed
 
 
-def read_manifest(store: ObjectStore, job: str, step: int) -> dict:
+def read_manifest(
+    store: ObjectStore, job: str, step: int, *, signing_key: bytes | None = None
+) -> dict:
+    """The validated manifest of ``step`` (its signature checked with ``signing_key``); raise
+    CheckpointError when the step is not complete, CheckpointCorruptError when the manifest is
+    malformed, unsigned or altered."""
     key = manifest_key(job, step)
     if not store.exists(key):
         latest = latest_complete(store, job)
@@ -293,12 +318,44 @@ def read_manifest(store: ObjectStore, job: str, step: int) -> dict:
             f"step {step} of job {job!r} in {store.url} is not a complete checkpoint (no "
             f"{MANIFEST}); restore the latest complete step instead ({latest})"
         )
-    return json.loads(store.get(key))
+    try:
+        return manifests.decode(
+            store.get(key), job=job, step=step, prefix=step_prefix(job, step), key=signing_key
+        )
+    except manifests.ManifestError as error:
+        raise _corrupt(store, key, str(error), job, step) from None
 
 
-def load(store: ObjectStore, job: str, step: int, *, stage: int, replica: int) -> dict:
-    """One worker's state at ``step``, its checksum verified against the manifest."""
-    manifest = read_manifest(store, job, step)
+def verified_manifest(
+    store: ObjectStore, job: str, step: int, *, signing_key: bytes | None = None
+) -> dict:
+    """``read_manifest``, and every object it lists is in the store with its size: what the
+    driver checks before it asks any worker to load a step."""
+    document = read_manifest(store, job, step, signing_key=signing_key)
+    for entry in document["files"]:
+        size = store.size(entry["key"])
+        if size != entry["size_bytes"]:
+            found = (
+                "missing"
+                if size is None
+                else f"{size} bytes, the manifest says {entry['size_bytes']}"
+            )
+            raise _corrupt(store, entry["key"], f"is {found}", job, step)
+    return document
+
+
+def load(
+    store: ObjectStore,
+    job: str,
+    step: int,
+    *,
+    stage: int,
+    replica: int,
+    manifest: dict | None = None,
+) -> dict:
+    """One worker's state at ``step``, its checksum and identity verified against the manifest
+    (``manifest``: one the caller verified already, e.g. the driver's)."""
+    manifest = manifest or read_manifest(store, job, step)
     entry = next(
         (f for f in manifest["files"] if f["stage"] == stage and f["replica"] == replica), None
     )
@@ -310,16 +367,26 @@ def load(store: ObjectStore, job: str, step: int, *, stage: int, replica: int) -
     return _read_entry(store, job, step, entry)
 
 
-def has_state(store: ObjectStore, job: str, step: int, *, stage: int, replica: int) -> bool:
-    files = read_manifest(store, job, step)["files"]
+def has_state(
+    store: ObjectStore,
+    job: str,
+    step: int,
+    *,
+    stage: int,
+    replica: int,
+    manifest: dict | None = None,
+) -> bool:
+    files = (manifest or read_manifest(store, job, step))["files"]
     return any(f["stage"] == stage and f["replica"] == replica for f in files)
 
 
-def load_stages(store: ObjectStore, job: str, step: int) -> list[dict]:
+def load_stages(
+    store: ObjectStore, job: str, step: int, *, manifest: dict | None = None
+) -> list[dict]:
     """One state per stage of the layout that wrote ``step`` (its lowest replica: after a step the
     replicas of a stage hold the same weights and optimizer state), for runtime/reshard.py."""
     chosen: dict[int, dict] = {}
-    for entry in read_manifest(store, job, step)["files"]:
+    for entry in (manifest or read_manifest(store, job, step))["files"]:
         if entry["stage"] not in chosen or entry["replica"] < chosen[entry["stage"]]["replica"]:
             chosen[entry["stage"]] = entry
     return [_read_entry(store, job, step, chosen[s]) for s in sorted(chosen)]
@@ -329,11 +396,35 @@ def _read_entry(store: ObjectStore, job: str, step: int, entry: dict) -> dict:
     data = store.get(entry["key"])
     digest = hashlib.sha256(data).hexdigest()
     if digest != entry["sha256"]:
-        raise CheckpointCorruptError(
-            f"{store.url}: {entry['key']!r} is corrupt (sha256 {digest[:12]}..., manifest says "
-            f"{entry['sha256'][:12]}...); delete {step_prefix(job, step)} and restore an earlier "
-            "complete step"
-        )
+        problem = f"is corrupt (sha256 {digest[:12]}..., manifest says {entry['sha256'][:12]}...)"
+        raise _corrupt(store, entry["key"], problem, job, step)
     # weights_only: the state holds only tensors (weights, Adam moments and step counters, the RNG
     # ByteTensor) and plain dicts, lists, tuples, numbers, strings and None, so no code runs on load
-    return torch.load(io.BytesIO(data), weights_only=True)
+    try:
+        document = torch.load(io.BytesIO(data), weights_only=True)
+    except Exception as error:  # noqa: BLE001 - torch raises many kinds for a bad file
+        problem = f"cannot be loaded ({type(error).__name__})"
+        raise _corrupt(store, entry["key"], problem, job, step) from None
+    return _unwrap(document, store, job, step, entry)
+
+
+def _unwrap(document: object, store: ObjectStore, job: str, step: int, entry: dict) -> dict:
+    """The state inside a worker's object, once it is the one the manifest says it is."""
+    if not (isinstance(document, dict) and document.get("format") == STATE_FORMAT):
+        if isinstance(document, dict) and "module" in document:
+            return document  # written before states named themselves
+        raise CheckpointCorruptError(f"{store.url}: {entry['key']!r} is not a worker's state")
+    want = {"job": job, "step": step, "stage": entry["stage"], "replica": entry["replica"]}
+    if document.get("identity") != want:
+        problem = (
+            f"holds the state of {document.get('identity')}, not {want}: copied from elsewhere"
+        )
+        raise _corrupt(store, entry["key"], problem, job, step)
+    return document["state"]
+
+
+def _corrupt(store: ObjectStore, key: str, problem: str, job: str, step: int) -> Exception:
+    return CheckpointCorruptError(
+        f"{store.url}: {key!r} {problem}; delete {step_prefix(job, step)} and restore an earlier "
+        "complete step"
+    )

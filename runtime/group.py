@@ -206,10 +206,16 @@ class WorkerGroup:
         return PendingCheckpoint(store_url, job, step, endpoint_url, tuple(snapshot_s))
 
     def finish_checkpoint(
-        self, pending: PendingCheckpoint, *, keep_last: int = 3, timeout_s: float = 600.0
+        self,
+        pending: PendingCheckpoint,
+        *,
+        keep_last: int = 3,
+        timeout_s: float = 600.0,
+        signing_key: bytes | None = None,
     ) -> CheckpointReport:
-        """Wait for every worker's write, then commit the step's manifest (the step is complete
-        from then on) and keep the ``keep_last`` newest complete steps."""
+        """Wait for every worker's write, then commit the step's manifest, signed with
+        ``signing_key`` (the step is complete from then on) and keep the ``keep_last`` newest
+        complete steps."""
         import ray
 
         from runtime import checkpoint
@@ -228,7 +234,9 @@ class WorkerGroup:
                 "this step, then finish_checkpoint once"
             )
         store = open_store(pending.store_url, endpoint_url=pending.endpoint_url)
-        key = checkpoint.commit(store, pending.job, pending.step, entries, keep_last=keep_last)
+        key = checkpoint.commit(
+            store, pending.job, pending.step, entries, keep_last=keep_last, signing_key=signing_key
+        )
         return CheckpointReport(
             step=pending.step,
             manifest_key=key,
@@ -246,12 +254,15 @@ class WorkerGroup:
         endpoint_url: str | None = None,
         keep_last: int = 3,
         timeout_s: float = 600.0,
+        signing_key: bytes | None = None,
     ) -> CheckpointReport:
         """Checkpoint the state after ``step`` and wait until it is committed."""
         pending = self.start_checkpoint(
             store_url, job, step, endpoint_url=endpoint_url, timeout_s=timeout_s
         )
-        return self.finish_checkpoint(pending, keep_last=keep_last, timeout_s=timeout_s)
+        return self.finish_checkpoint(
+            pending, keep_last=keep_last, timeout_s=timeout_s, signing_key=signing_key
+        )
 
     def restore(
         self,
@@ -261,9 +272,11 @@ class WorkerGroup:
         *,
         endpoint_url: str | None = None,
         timeout_s: float = 600.0,
+        manifest: dict | None = None,
     ) -> int:
         """Load every worker's state at ``step`` (the latest complete step when None); returns the
-        step restored: train on from ``step + 1``."""
+        step restored: train on from ``step + 1``. ``manifest``: the step's manifest as the caller
+        verified it (its signature, every object's presence), which the workers then trust."""
         import ray
 
         from runtime import checkpoint
@@ -278,7 +291,7 @@ class WorkerGroup:
                     "name, or start training from step 0"
                 )
         ray.get(
-            [a.restore.remote(store_url, job, step, endpoint_url) for a in self.actors],
+            [a.restore.remote(store_url, job, step, endpoint_url, manifest) for a in self.actors],
             timeout=timeout_s,
         )
         return step
@@ -292,6 +305,7 @@ class WorkerGroup:
         endpoint_url: str | None = None,
         keep_last: int = 3,
         timeout_s: float = 10.0,
+        signing_key: bytes | None = None,
     ) -> bool:
         """After a worker died mid-step: commit a checkpoint of the state after ``step`` from the
         workers still alive, when each stage has one whose weights hold exactly that many steps
@@ -323,7 +337,7 @@ class WorkerGroup:
         if {e.stage for e in entries} != stages:
             return False
         store = open_store(store_url, endpoint_url=endpoint_url)
-        checkpoint.commit(store, job, step, entries, keep_last=keep_last)
+        checkpoint.commit(store, job, step, entries, keep_last=keep_last, signing_key=signing_key)
         return True
 
     def shutdown(self, *, graceful: bool = True, timeout_s: float = 60.0) -> None:

@@ -84,6 +84,7 @@ class StageRunner:
         self._tied_pending = False
         self.state_lock = threading.Lock()  # the optimizer's update against a rescue copy
         self.applied = 0  # optimizer steps the weights hold (set again by a restore)
+        self.grads_finite = True  # the last step's summed gradient held no NaN or inf
         mbs = layout.microbatch_size
         self.sample_offset = mbs * sum(
             layout.worker(0, i).microbatches for i in range(self.replica)
@@ -106,6 +107,9 @@ class StageRunner:
         optimizer."""
         started, waited = time.perf_counter(), dict(self.comm.wait_s)
         loss = self._step(step)
+        # one pass over the summed gradient: a NaN or inf here stops the job (the driver's
+        # divergence guard) before the step is committed or checkpointed
+        self.grads_finite = bool(torch.isfinite(self.flat_grad).all())
         optimizer_start = time.perf_counter()
         with self.state_lock:  # a rescue copy (another thread) sees the weights before or after
             self.optimizer.step()

@@ -27,6 +27,9 @@ class ObjectStore(Protocol):
 
     def exists(self, key: str) -> bool: ...
 
+    def size(self, key: str) -> int | None:
+        """The object's size in bytes, None when there is none."""
+
     def keys(self, prefix: str = "") -> Iterator[str]: ...
 
     def delete(self, key: str) -> None: ...
@@ -65,6 +68,10 @@ class LocalStore:
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
+
+    def size(self, key: str) -> int | None:
+        path = self._path(key)
+        return path.stat().st_size if path.is_file() else None
 
     def keys(self, prefix: str = "") -> Iterator[str]:
         for path in sorted(self.root.rglob("*")):
@@ -109,13 +116,16 @@ class S3Store:
         return self._call("get_object", key, Key=self._key(key))["Body"].read()
 
     def exists(self, key: str) -> bool:
+        return self.size(key) is not None
+
+    def size(self, key: str) -> int | None:
         from botocore.exceptions import ClientError
 
         try:
-            self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+            head = self._client.head_object(Bucket=self.bucket, Key=self._key(key))
         except ClientError:
-            return False
-        return True
+            return None
+        return int(head["ContentLength"])
 
     def keys(self, prefix: str = "") -> Iterator[str]:
         paginator = self._client.get_paginator("list_objects_v2")

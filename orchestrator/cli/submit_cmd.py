@@ -6,6 +6,11 @@ newest checkpoint. Its state and event log live in ``--jobs-dir/<job>/``; submit
 job did not finish picks it up where its state says. A progress line shows step, loss, samples/s
 and $ spent; a summary ends the run.
 
+A job runs in one process at a time (a second submit of a running job names the process that
+runs it). A job that failed or was stopped resumes from its newest checkpoint when submitted
+again; when none of its checkpoints can be read it stops and says so, and only ``--from-scratch``
+starts it again from step 0. Exit codes: 0 done, 1 the job failed or stopped, 2 bad input.
+
 ``--preempt-at STEP`` (repeatable; added to the recipe's ``local_cloud.preempt_at_steps``) makes the
 market take one of the job's nodes back when that step is committed: a preemption notice, then the
 node's death ``--notice-s`` market seconds later. ``--lose-at STEP`` takes one without notice;
@@ -21,6 +26,7 @@ import time
 from pathlib import Path
 
 from orchestrator.catalog import Catalog
+from orchestrator.driver.actor import DriverCrashed
 from orchestrator.driver.events import read_events
 from orchestrator.driver.job import JOBS_DIR, RunOptions, RunResult, run_job
 from orchestrator.driver.machine import StepResult
@@ -60,6 +66,11 @@ def add_submit(commands: argparse._SubParsersAction, formatter: type) -> None:
         default=None,
         help="market seconds of notice [the recipe's local_cloud.notice_s]",
     )
+    p.add_argument(
+        "--from-scratch",
+        action="store_true",
+        help="start the job again from step 0, ignoring its state and checkpoints",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(run=run_submit)
 
@@ -73,8 +84,13 @@ def run_submit(args: argparse.Namespace, catalog: Catalog) -> int:
         preempt_driver_at=tuple(args.preempt_driver_at),
         notice_s=args.notice_s,
         on_step=progress.show,
+        from_scratch=args.from_scratch,
     )
-    result = run_job(args.recipe, catalog, options)
+    try:
+        result = run_job(args.recipe, catalog, options)
+    except DriverCrashed as crash:
+        print(f"\nerror: the job's driver stopped: {crash}", file=sys.stderr)
+        return 1
     _summary(result)
     return 0 if result.state.phase == "done" else 1
 
@@ -105,15 +121,30 @@ class _Progress:
         print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr)
 
 
+def _why(state: JobState, events: list[dict]) -> None:
+    """Why a failed job stopped, in a line, and what to do; the rest is in its log."""
+    failure = state.failure
+    if failure:
+        kept = failure.get("checkpoint_step")
+        print(f"why: {failure['cause']}: {failure['message']}")
+        print(f"  To fix: {failure['fix']}")
+        if kept:
+            print(
+                f"  kept: the checkpoint of step {kept}; submitting the recipe again resumes there"
+            )
+    elif events:
+        last = events[-1]
+        print(f"why: {last.get('reason', last['event'])}; {last.get('decision', '')}")
+
+
 def _summary(result: RunResult) -> None:
     state, folder, choice = result.state, result.folder, result.choice
     batch = state.global_batch_size
     events = list(read_events(folder / "events.jsonl"))
     print(file=sys.stderr)
     print(f"job {state.job}: {state.phase} after {state.step} steps in {result.elapsed_s:.1f} s")
-    if state.phase == "failed" and events:
-        last = events[-1]
-        print(f"why: {last.get('reason', last['event'])}; {last.get('decision', '')}")
+    if state.phase == "failed":
+        _why(state, events)
     if state.losses:
         print(f"final loss {state.losses[-1]:.4f}")
     if choice is not None:

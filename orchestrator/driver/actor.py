@@ -17,10 +17,11 @@ back (``max_task_retries=-1``).
 
 from __future__ import annotations
 
+import logging
 import threading
-import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from orchestrator.driver.machine import Choice, StepResult
 from orchestrator.driver.state import JobState
@@ -32,7 +33,8 @@ PROGRESS_WAIT_S = 30.0  # one progress call returns after this long even without
 
 
 class DriverCrashed(RuntimeError):
-    """The driver stopped on an unexpected error (a bug); carries the driver's traceback."""
+    """The driver stopped on an unexpected error (a bug, an unwritable job folder): one line
+    saying what, and where the traceback is (the job's driver.log)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,6 +62,7 @@ class DriverActor:
         self._changed = threading.Condition()
         self._finished, self._error = False, None
         self._node = ray.get_runtime_context().get_node_id()
+        self._log_path = _log_to_file(spec)
         self.driver = build_driver(spec, own_node=self._node, on_step=self._stepped)
         self._thread = threading.Thread(target=self._run, name="driver", daemon=True)
         self._thread.start()
@@ -73,8 +76,11 @@ class DriverActor:
             self.driver.run()
         except UserError as error:  # bad input: reported to the submitter, which exits 2
             self._error = error
-        except Exception:  # any: a bug, shown to the submitter with its traceback
-            self._error = DriverCrashed(traceback.format_exc())
+        except Exception as error:  # a bug: one line to the submitter, the traceback to the log
+            from orchestrator.driver.failures import describe
+
+            logging.getLogger(__name__).error("the driver stopped", exc_info=error)
+            self._error = DriverCrashed(f"{describe(error)} (traceback in {self._log_path})")
         finally:
             with self._changed:
                 self._finished = True
@@ -95,6 +101,20 @@ class DriverActor:
                 "choice": None if choice is None else asdict(choice),
                 "node": self._node,
             }
+
+
+def _log_to_file(spec: DriverSpec) -> Path:
+    """The driver's log (whole errors, the workers' tracebacks) in the job's folder."""
+    from orchestrator.driver.job import LOG_FILE, job_folder
+
+    path = job_folder(spec.recipe, Path(spec.recipe_path), Path(spec.jobs_dir)) / LOG_FILE
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    for name in ("orchestrator", "runtime", "provisioners"):
+        logger = logging.getLogger(name)
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    return path
 
 
 def start_driver(spec: DriverSpec, *, job: str, node: str | None):

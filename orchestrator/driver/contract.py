@@ -13,7 +13,28 @@ from typing import Protocol
 
 
 class WorkersLost(Exception):
-    """A training step failed because workers (or their nodes) are gone."""
+    """A training step failed because workers (or their nodes) are gone, or their links broke:
+    a retry on the nodes left (or new ones) may succeed."""
+
+
+class JobBroken(Exception):
+    """The job's input or state is broken (a corrupt checkpoint store, a full disk, a bad value,
+    a bug, a diverged loss): a retry would fail the same way, so the driver stops with the cause.
+
+    ``cause`` is one word for tables (failures.py: ``CAUSES``); ``message`` one line for people;
+    ``fix`` what to do; ``step`` the committed step it happened after, where known."""
+
+    def __init__(self, cause: str, message: str, *, fix: str, step: int | None = None) -> None:
+        super().__init__(message)
+        self.cause, self.message, self.fix, self.step = cause, message, fix, step
+
+    def __reduce__(self):
+        # sent between processes (the driver actor reports it to the submitter) with its fields
+        return (_rebuild_broken, (self.cause, self.message, self.fix, self.step))
+
+
+def _rebuild_broken(cause: str, message: str, fix: str, step: int | None) -> JobBroken:
+    return JobBroken(cause, message, fix=fix, step=step)
 
 
 class CapacityRefused(Exception):
@@ -61,6 +82,7 @@ class StepResult:
     # microbatches it runs per step (straggler.py); None / () where not measured
     pipeline_s: tuple[float, ...] | None = None
     pipeline_microbatches: tuple[int, ...] = ()
+    grads_finite: bool = True  # False: some worker's summed gradient held a NaN or an inf
 
 
 class PlanSource(Protocol):
@@ -81,8 +103,13 @@ class Cloud(Protocol):
 class Trainer(Protocol):
     def start(self, plan: dict, *, restore_step: int | None, same_nodes: bool = False) -> int:
         """Start on ``plan`` from the checkpoint at ``restore_step`` (None: from scratch);
-        return the step training resumes at (older than asked when that checkpoint is bad).
+        return the step training resumes at (older than asked when that checkpoint is bad;
+        ``unreadable`` then says why). Raises JobBroken when no checkpoint at or before
+        ``restore_step`` can be read: the job never silently starts again from step 0.
         ``same_nodes``: each rank on the node it ran on last time (a re-balance)."""
+
+    def unreadable(self) -> tuple[str, ...]:
+        """Why the checkpoints newer than the last start's were skipped, one line each."""
 
     def step(self, step: int) -> StepResult: ...
     def checkpoint(self, step: int) -> None: ...
@@ -108,7 +135,14 @@ class DriverConfig:
     steps: int
     checkpoint_every_steps: int
     budget_usd: float | None = None
-    max_recoveries: int = 50
+    # recoveries in a row without new progress (a step beyond any committed before), and the
+    # seconds since the first of them, before the job stops (the recipe's `recovery` section)
+    max_attempts: int = 10
+    max_attempts_s: float = 1800.0
+    # the wait before the n-th attempt in a row (n >= 2): backoff_s * 2**(n-2), at most
+    # max_backoff_s; the first retries at once (a preemption's recovery must not wait)
+    backoff_s: float = 2.0
+    max_backoff_s: float = 60.0
     # plan switching: every this many steps, ask the market for the best plan now (None: never)
     replan_every_steps: int | None = None
     samples_per_step: int = 1  # the global batch

@@ -4,8 +4,12 @@ recipe's ``local_cloud`` section. Used by ``python -m orchestrator submit`` and 
 
 A job's folder, ``<jobs_dir>/<job>/``: ``state.json`` (state.py), ``events.jsonl`` (events.py),
 ``metrics.jsonl`` (one line per committed step: time, step, loss, samples/s over the step, dollars
-spent, egress bytes, nodes held), ``profile-<model>.json`` (the model timed on this machine) and
-``stop.request`` while a stop is asked for.
+spent, egress bytes, nodes held), ``profile-<model>.json`` (the model timed on this machine),
+``stop.request`` while a stop is asked for, ``driver.lock`` (lock.py: held by the process that
+runs the job), ``checkpoint.key`` (the random key that signs the job's checkpoint manifests,
+readable by its owner only) and ``driver.log`` (the driver's log: whole errors and tracebacks).
+
+The folder is always inside the jobs home: the job's name is a slug (orchestrator/names.py).
 """
 
 from __future__ import annotations
@@ -13,6 +17,9 @@ from __future__ import annotations
 import dataclasses
 import datetime as dt
 import json
+import math
+import os
+import secrets
 import sys
 import threading
 import time
@@ -23,14 +30,18 @@ from pathlib import Path
 from orchestrator.catalog import Catalog
 from orchestrator.driver.actor import NAMESPACE, DriverSpec, follow, start_driver
 from orchestrator.driver.events import Event, EventLog
+from orchestrator.driver.lock import JobLock
 from orchestrator.driver.machine import Choice, Driver, DriverConfig, StepResult
 from orchestrator.driver.state import JobState, StateStore
 from orchestrator.errors import UserError
+from orchestrator.names import default_job_name, job_name_problem
 from orchestrator.recipe import load_recipe
 from orchestrator.recipe.schema import Recipe
 
 JOBS_DIR = Path(".orchestrator/jobs")
 STOP_FILE = "stop.request"
+KEY_FILE = "checkpoint.key"
+LOG_FILE = "driver.log"
 CAPACITY_WAIT_S = 300.0  # after a loss, how long to wait for the market to have room again
 LOCATION_OUTAGE_S = 3600.0  # market seconds a location preempted as a whole offers nothing
 METRICS_FILE = "metrics.jsonl"
@@ -50,6 +61,8 @@ class RunOptions:
     lose_at: tuple[int, ...] = ()  # steps after which the market takes a node without notice
     notice_s: float | None = None  # None: the recipe's local_cloud.notice_s
     on_step: Callable[[JobState, StepResult], None] | None = None
+    # start the job again from step 0 even if it has state (its checkpoints are then unused)
+    from_scratch: bool = False
 
 
 @dataclass(frozen=True)
@@ -61,7 +74,32 @@ class RunResult:
 
 
 def job_folder(recipe: Recipe, recipe_path: Path, jobs_dir: Path) -> Path:
-    return jobs_dir / (recipe.name or recipe_path.stem)
+    """``<jobs_dir>/<name>``, always inside ``jobs_dir`` (UserError otherwise)."""
+    name = recipe.name or default_job_name(recipe_path)
+    problem = job_name_problem(name)
+    home = Path(jobs_dir).resolve()
+    if problem is None and (home / name).resolve().parent != home:
+        problem = f"{home / name} is a link out of the jobs folder {home}"
+    if problem is not None:
+        raise UserError(
+            problem,
+            file=str(recipe_path),
+            field="name",
+            fix="name the job with letters, digits, '.', '_' or '-' (at most 64)",
+        )
+    return home / name
+
+
+def signing_key(folder: Path) -> bytes:
+    """The job's checkpoint key (made at its first submit; its owner alone may read it)."""
+    path = folder / KEY_FILE
+    try:
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return bytes.fromhex(path.read_text(encoding="ascii").strip())
+    with os.fdopen(descriptor, "w", encoding="ascii") as handle:
+        handle.write(secrets.token_hex(32) + "\n")
+    return bytes.fromhex(path.read_text(encoding="ascii").strip())
 
 
 def run_job(recipe_path: Path, catalog: Catalog, options: RunOptions) -> RunResult:
@@ -78,9 +116,15 @@ def run_job(recipe_path: Path, catalog: Catalog, options: RunOptions) -> RunResu
             field="provider",
             fix="write provider: local (plan and simulate work for every provider)",
         )
-    folder = job_folder(recipe, recipe_path, options.jobs_dir).resolve()
+    folder = job_folder(recipe, recipe_path, options.jobs_dir)
+    with JobLock.acquire(folder, job=folder.name):  # one running driver per job
+        return _run_locked(recipe, recipe_path, folder, options)
+
+
+def _run_locked(recipe: Recipe, recipe_path: Path, folder: Path, options: RunOptions) -> RunResult:
     recipe = _absolute_paths(_measured_here(recipe, folder))
     (folder / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier run
+    signing_key(folder)  # made now, in the submitting user's folder, with its owner's rights
     if recipe.training.optimizer.grad_clip_norm is not None:
         print(
             "note: the runtime does not clip gradients yet: training runs without "
@@ -89,7 +133,7 @@ def run_job(recipe_path: Path, catalog: Catalog, options: RunOptions) -> RunResu
         )
     store = StateStore(folder)
     store.save(
-        _state(store, folder.name, recipe_path).evolve(
+        _state(store, folder.name, recipe_path, from_scratch=options.from_scratch).evolve(
             steps_total=recipe.training.steps, global_batch_size=recipe.training.global_batch_size
         )
     )
@@ -198,15 +242,20 @@ def _measured_here(recipe: Recipe, folder: Path) -> Recipe:
     return dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, profile=str(path)))
 
 
-def _state(store: StateStore, job: str, recipe_path: Path) -> JobState:
-    if store.exists():
+def _state(store: StateStore, job: str, recipe_path: Path, *, from_scratch: bool) -> JobState:
+    if store.exists() and from_scratch:
+        print(f"starting job {job} again from step 0 (--from-scratch)", file=sys.stderr)
+    elif store.exists():
         loaded = store.load()
         for problem in loaded.problems:
             print(f"note: job state {problem}; using {loaded.source.name}", file=sys.stderr)
-        if loaded.state.phase not in ("done", "failed"):
+        if loaded.state.phase != "done":
             print(f"resuming job {job} from its newest checkpoint", file=sys.stderr)
-            if loaded.state.phase == "stopped":  # resume: plan again, restore the checkpoint
-                return loaded.state.evolve(phase="recover")
+            if loaded.state.phase in ("stopped", "failed"):
+                # plan again and restore the newest checkpoint, with a fresh retry budget
+                return loaded.state.evolve(
+                    phase="recover", failure=None, attempts=0, attempts_since_s=None
+                )
             return loaded.state
     run_id = f"{job}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"
     return JobState(job=job, recipe_path=str(recipe_path), phase="plan", run_id=run_id)
@@ -243,6 +292,7 @@ def build_driver(
         job=state.run_id or state.job,
         checkpoint_url=checkpoint_url(recipe),
         network=network,
+        signing_key=signing_key(store.folder),
     )
     chaos = _ChaosSchedule(
         provisioner,
@@ -368,16 +418,20 @@ class _Metrics:
         line = {
             "time_s": now,
             "step": state.step,
-            "loss": result.loss,
-            "samples_per_s": self.batch / took if took > 0 else None,
-            "usd_spent": state.compute_usd + state.egress_usd,
-            "egress_bytes": state.egress_bytes,
+            "loss": _finite(result.loss),
+            "samples_per_s": _finite(self.batch / took) if took > 0 else None,
+            "usd_spent": _finite(state.compute_usd + state.egress_usd),
+            "egress_bytes": _finite(state.egress_bytes),
             "nodes": len(state.nodes),
             "recoveries": state.recoveries,
         }
         with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(line) + "\n")
+            handle.write(json.dumps(line, allow_nan=False) + "\n")  # strict JSON: no NaN token
         return line
+
+
+def _finite(value: float) -> float | None:
+    return value if math.isfinite(value) else None
 
 
 class DashboardMetrics:

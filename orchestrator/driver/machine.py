@@ -42,6 +42,7 @@ from orchestrator.driver.contract import (  # the machine's vocabulary (importab
     Choice,
     Cloud,
     DriverConfig,
+    JobBroken,
     PlanSource,
     Request,
     StepResult,
@@ -49,6 +50,8 @@ from orchestrator.driver.contract import (  # the machine's vocabulary (importab
     WorkersLost,
 )
 from orchestrator.driver.events import Event, EventLog
+from orchestrator.driver.failures import one_line
+from orchestrator.driver.guards import Guards
 from orchestrator.driver.moves import Moves
 from orchestrator.driver.state import JobState, StateStore
 from orchestrator.driver.straggler import StragglerWatch
@@ -84,6 +87,7 @@ class _Session:
     waiting_since_s: float | None = None  # when planning found no room (after training began)
     leaving: set[str] = field(default_factory=set)  # noticed nodes to let go of when recovering
     rescue: bool = False  # a worker died without notice: try its surviving replicas' state first
+    last_failure: str | None = None  # the last loss's reason, one line (named when giving up)
     held_only: bool = False  # re-plan on the nodes left (rescued): train on now, grow later
     step_from_s: float = 0.0  # when the step being trained began
     billed_at_s: float = 0.0
@@ -96,7 +100,7 @@ def _same_kind(a: Request, b: Request) -> bool:
     return (a.infra, a.gpu, a.spot, a.instance_type) == (b.infra, b.gpu, b.spot, b.instance_type)
 
 
-class Driver(Moves):
+class Driver(Guards, Moves):
     def __init__(
         self,
         *,
@@ -132,11 +136,21 @@ class Driver(Moves):
 
     def run(self) -> JobState:
         phase = Phase(self.state.phase)
-        if phase not in TERMINAL and phase is not Phase.PLAN:
-            phase = self._restarted(phase)
-        while phase not in TERMINAL:
-            phase = self.handlers[phase]()
-            self._save(phase=phase.value)
+        try:
+            if phase not in TERMINAL and phase is not Phase.PLAN:
+                phase = self._restarted(phase)
+            while phase not in TERMINAL:
+                try:
+                    phase = self.handlers[phase]()
+                except JobBroken as broken:  # retrying cannot help: stop with the cause
+                    phase = self._broken(broken)
+                self._save(phase=phase.value)
+        except Exception as error:
+            # a bug, or the job's folder unwritable: let go of the workers and nodes before the
+            # error is reported (a killed driver, by contrast, is restarted and takes them over)
+            self._release_after()
+            self._record_crash(error)
+            raise
         return self.state
 
     def _restarted(self, was: Phase) -> Phase:
@@ -265,10 +279,12 @@ class Driver(Moves):
             return self._lost(str(lost))
         if resumed != self.state.step:
             if wanted is not None and resumed != wanted:
+                why = "; ".join(self.trainer.unreadable()) or "see driver.log"
                 self._log(
                     "checkpoint_unreadable",
                     f"resume at step {resumed}",
-                    f"the checkpoint at step {wanted} could not be read",
+                    f"the checkpoint at step {wanted} could not be read: {why}",
+                    details={"step": wanted, "resumed_step": resumed},
                 )
             self._save(
                 step=resumed,
@@ -301,7 +317,9 @@ class Driver(Moves):
             phase = self._react(self.cloud.poll_events(timeout_s=0.0))
             if phase is not None:
                 return phase
-            self._commit(self.trainer.step(self.state.step))
+            result = self.trainer.step(self.state.step)
+            self._check_finite(result)
+            self._commit(result)
             if self._over_budget():
                 return Phase.DONE
             if self._reconsider() or self._rebalance():  # moving: launch the new plan
@@ -329,15 +347,25 @@ class Driver(Moves):
         alive = self.cloud.alive([n for n in self.session.nodes if n not in leaving])
         self.session.nodes = {n: r for n, r in self.session.nodes.items() if n in alive}
         restart = self.state.checkpoint_step or 0
+        if restart < self.state.step:
+            self._log(
+                "rolled_back",
+                f"train steps {restart + 1} to {self.state.step} again",
+                f"{self.state.step - restart} committed steps were after the newest checkpoint "
+                "and no surviving replica held them",
+                details={
+                    "from_step": self.state.step,
+                    "to_step": restart,
+                    "steps": self.state.step - restart,
+                },
+            )
         self._save(
             step=restart,
             losses=self.state.losses[:restart],
             recoveries=self.state.recoveries + 1,
             nodes=tuple(self.session.nodes),
         )
-        if self.state.recoveries > self.config.max_recoveries:
-            self._log("gave_up", "stop", f"{self.state.recoveries} recoveries")
-            self._finish()
+        if not self._another_attempt():
             return Phase.FAILED
         self.session.excluded.clear()
         return Phase.PLAN
@@ -431,8 +459,18 @@ class Driver(Moves):
             details={"step": step},
         )
 
+    def _broken(self, broken: JobBroken) -> Phase:
+        """The job's input or state is broken: a lost node may be behind it (its workers fail
+        in odd ways), which a retry can fix; otherwise stop, keeping the last good checkpoint."""
+        held = list(self.session.nodes)
+        if held and self.cloud.alive(held) != set(held):
+            return self._lost(broken.message)
+        self._stop_failed(broken)
+        return Phase.FAILED
+
     def _lost(self, reason: str) -> Phase:
         self.session.lost_at_s, self.session.rescue = self.clock(), True
+        self.session.last_failure = one_line(reason)
         self._log(
             "node_lost",
             "restart from the surviving replicas' state, or else from the newest checkpoint",
@@ -461,13 +499,18 @@ class Driver(Moves):
         self._bill()
         now = self.clock()
         took, self.session.step_from_s = now - self.session.step_from_s, now
+        step = self.state.step + 1
+        progress = {}
+        if step > self.state.high_water_step:  # new ground: the retry budget starts afresh
+            progress = {"high_water_step": step, "attempts": 0, "attempts_since_s": None}
         self._save(
             trained_steps=self.state.trained_steps + 1,
             train_s=self.state.train_s + took,
-            step=self.state.step + 1,
+            step=step,
             losses=(*self.state.losses, result.loss),
             egress_usd=self.state.egress_usd + result.egress_usd,
             egress_bytes=self.state.egress_bytes + result.egress_bytes,
+            **progress,
         )
         if self.session.lost_at_s is not None:
             recovery_s = now - self.session.lost_at_s
@@ -503,15 +546,28 @@ class Driver(Moves):
         return True
 
     def _finish(self) -> None:
+        self._release()
+        self._log("finished", "released every node", f"{self.state.step} steps")
+
+    def _release(self) -> None:
+        """Stop the workers and let go of every node (billed up to now)."""
         self.trainer.stop()
         self._bill()
         self.cloud.terminate(list(self.session.nodes))
         self.session.nodes = {}
         self._save(nodes=(), node_kinds={}, workers=None)
-        self._log("finished", "released every node", f"{self.state.step} steps")
 
     def _save(self, **changes) -> None:
         self.state = self.store.save(self.state.evolve(**changes))
 
     def _log(self, event: str, decision: str, reason: str, **extra) -> None:
-        self.events.append(Event(event=event, decision=decision, reason=reason, **extra))
+        """One event; decision and reason as one line each, without colour codes (a runtime's
+        error text may carry both and a whole traceback: that goes to driver.log)."""
+        self.events.append(
+            Event(
+                event=event,
+                decision=one_line(decision, limit=600),
+                reason=one_line(reason, limit=600),
+                **extra,
+            )
+        )

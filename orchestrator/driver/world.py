@@ -6,8 +6,11 @@
 - ``ProvisionerCloud``: launch / terminate / events through a provisioner (provisioners/base.py);
   capacity and quota errors become ``CapacityRefused`` so the driver fails over.
 - ``RuntimeTrainer``: the runtime's worker group on the plan's layout (runtime/group.py), restored
-  from the newest readable checkpoint (an older one when the newest is corrupt), with egress
-  measured from the workers' byte counters and priced by the catalog's rules.
+  from the newest readable checkpoint (an older one when the newest is corrupt; none readable is
+  a ``JobBroken``, never a silent start from step 0), with egress measured from the workers' byte
+  counters and priced by the catalog's rules. Its errors are sorted (failures.py): a lost worker,
+  node or link is ``WorkersLost`` (recover), a broken store, disk, value or code is ``JobBroken``
+  (stop); the whole error, with the workers' tracebacks, goes to the log (the job's driver.log).
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ import yaml
 from orchestrator.catalog import Catalog
 from orchestrator.catalog.offers import OfferTable
 from orchestrator.driver.contract import deadline_rate
+from orchestrator.driver.failures import classify
 from orchestrator.driver.machine import (
     CapacityRefused,
     Choice,
+    JobBroken,
     Request,
     StepResult,
     WorkersLost,
@@ -215,11 +220,22 @@ class RuntimeTrainer:
     ``k``-th step; a checkpoint "at k" holds the state after ``k`` steps)."""
 
     def __init__(
-        self, *, recipe: Recipe, catalog: Catalog, job: str, checkpoint_url: str, network=None
+        self,
+        *,
+        recipe: Recipe,
+        catalog: Catalog,
+        job: str,
+        checkpoint_url: str,
+        network=None,
+        signing_key: bytes | None = None,
     ) -> None:
+        """``signing_key``: the job's key that signs the checkpoints' manifests (job.py keeps it
+        in the job's folder); a manifest it did not sign is not loaded."""
         self.recipe, self.catalog, self.job = recipe, catalog, job
         self.checkpoint_url, self.network = checkpoint_url, network
+        self.signing_key = signing_key
         self.group = None
+        self._unreadable: tuple[str, ...] = ()
         self._sent: dict[tuple[str, str], int] = {}
         self._healthy = True  # False once a worker failed: stop without waiting on it
         self._last_nodes: tuple[str, ...] | None = None  # Ray node per rank of the last start
@@ -248,7 +264,8 @@ class RuntimeTrainer:
             weight_decay=training.optimizer.weight_decay,
             seed=training.seed,
         )
-        self._sent, self._healthy = {}, True
+        self._sent, self._healthy, self._unreadable = {}, True, ()
+        check_space(self.checkpoint_url, layout, self.recipe)  # a full disk: say so before training
         # named and detached: the workers outlive a driver that dies, which then takes them over
         name = f"{self.job}-w{uuid.uuid4().hex[:8]}"
         try:
@@ -257,10 +274,25 @@ class RuntimeTrainer:
                 nodes = None  # another shape: no rank has a node of its own to go back to
             self.group = WorkerGroup.start(layout, config, timeout_s=120.0, name=name, nodes=nodes)
             self._last_nodes = tuple(self.group.nodes)
-            return self._restore(restore_step)
-        except (ray.exceptions.RayError, WorkerPlacementError) as error:
+        except WorkerPlacementError as error:
             self._healthy = False
             raise WorkersLost(f"starting the workers failed: {error}") from None
+        except ray.exceptions.RayError as error:
+            self._healthy = False
+            raise self._failure(error, "starting the workers") from None
+        return self._restore(restore_step)
+
+    def unreadable(self) -> tuple[str, ...]:
+        return self._unreadable
+
+    def _failure(self, error: BaseException, doing: str) -> Exception:
+        """``error`` as the driver's vocabulary: WorkersLost (a retry may help) or JobBroken
+        (it cannot); the whole text, with the workers' tracebacks, to the log."""
+        verdict = classify(error, doing=doing, store=self.checkpoint_url)
+        log.warning("%s failed (%s): %s", doing, verdict.cause, error)
+        if verdict.retry:
+            return WorkersLost(verdict.message)
+        return JobBroken(verdict.cause, verdict.message, fix=verdict.fix)
 
     def workers_name(self) -> str | None:
         return None if self.group is None else self.group.name
@@ -296,6 +328,7 @@ class RuntimeTrainer:
                 self.job,
                 step - 1,
                 keep_last=self.recipe.checkpointing.keep_last,
+                signing_key=self.signing_key,
             )
         except (ray.exceptions.RayError, CheckpointError, OSError) as error:
             log.info("no rescue from the surviving workers: %s", error)
@@ -310,30 +343,44 @@ class RuntimeTrainer:
 
     def _restore(self, restore_step: int | None) -> int:
         """The committed step training resumes at: ``restore_step``, or an older complete
-        checkpoint when that one cannot be read (corrupt or truncated)."""
+        checkpoint when that one cannot be read (corrupt, truncated, unsigned, a file missing);
+        JobBroken when none can: the job never starts again from step 0 unless asked."""
+        import ray
+
         from runtime import checkpoint
-        from runtime.storage import open_store
+        from runtime.storage import StoreError, open_store
 
         if not restore_step:
             return 0
         store = open_store(self.checkpoint_url)
+        found = checkpoint.steps(store, self.job)
         candidates = sorted(
-            (
-                s
-                for s, done in checkpoint.steps(store, self.job).items()
-                if done and s < restore_step
-            ),
-            reverse=True,
+            (s for s, done in found.items() if done and s < restore_step), reverse=True
         )
+        problems = []
         for trained in candidates:
             try:
-                self.group.restore(self.checkpoint_url, self.job, trained)
-                return trained + 1
-            except checkpoint.CheckpointCorruptError as error:
-                log.warning(
-                    "checkpoint of step %d unusable, trying an older one: %s", trained, error
+                manifest = checkpoint.verified_manifest(
+                    store, self.job, trained, signing_key=self.signing_key
                 )
-        return 0
+                self.group.restore(self.checkpoint_url, self.job, trained, manifest=manifest)
+                self._unreadable = tuple(problems)
+                return trained + 1
+            except (checkpoint.CheckpointError, StoreError, ray.exceptions.RayError) as error:
+                verdict = classify(error, doing=f"restoring step {trained + 1}")
+                if verdict.retry:  # a worker or its node went meanwhile: not the checkpoint's fault
+                    self._healthy = False
+                    raise WorkersLost(verdict.message) from None
+                log.warning("checkpoint of step %d unusable: %s", trained + 1, error)
+                problems.append(verdict.message)
+        where = f"{store.url} under {self.job}/"
+        raise JobBroken(
+            "checkpoint",
+            f"no readable checkpoint at or before step {restore_step} in {where}"
+            + (f": {'; '.join(problems)}" if problems else ": none was found"),
+            fix="restore the checkpoint files (or point checkpointing.path at them), or submit "
+            "again with --from-scratch to train from step 0 (the steps trained so far are lost)",
+        )
 
     def step(self, step: int) -> StepResult:
         import ray
@@ -343,13 +390,14 @@ class RuntimeTrainer:
             counters = self.group.counters()
         except ray.exceptions.RayError as error:
             self._healthy = False
-            raise WorkersLost(f"step {step}: {type(error).__name__}") from None
+            raise self._failure(error, f"step {step + 1}") from None
         workers = self.group.layout.workers
         return StepResult(
             loss=loss,
             **self._egress(counters),
             pipeline_s=pipeline_seconds(counters, workers),
             pipeline_microbatches=tuple(w.microbatches for w in workers if w.stage == 0),
+            grads_finite=all(c.get("grads_finite", True) for c in counters),
         )
 
     @staticmethod
@@ -376,6 +424,8 @@ class RuntimeTrainer:
     def checkpoint(self, step: int) -> None:
         import ray
 
+        from runtime.checkpoint import CheckpointError
+
         if step < 1:
             return
         try:
@@ -384,10 +434,12 @@ class RuntimeTrainer:
                 self.job,
                 step - 1,
                 keep_last=self.recipe.checkpointing.keep_last,
+                signing_key=self.signing_key,
             )
-        except ray.exceptions.RayError as error:  # a worker died while copying its state
+        # a worker died while copying its state (retry), or the store refused the write (stop)
+        except (ray.exceptions.RayError, CheckpointError, OSError) as error:
             self._healthy = False
-            raise WorkersLost(f"checkpoint of step {step}: {type(error).__name__}") from None
+            raise self._failure(error, f"checkpoint of step {step}") from None
 
     def stop(self) -> None:
         import ray
@@ -399,6 +451,34 @@ class RuntimeTrainer:
         except ray.exceptions.RayError as error:  # a worker died while closing: killed anyway
             log.info("stopping the workers: %s", error)
         self.group = None
+
+
+def check_space(url: str, layout, recipe: Recipe) -> None:
+    """JobBroken when a local checkpoint folder cannot hold the checkpoints kept (and the one
+    being written): said before training rather than at the first write."""
+    import shutil
+
+    from runtime.models.specs import model_spec
+
+    if "://" in url:
+        return  # object stores have no free-space figure to read
+    folder = Path(url)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    # weights and two Adam moments in fp32, per worker of every stage (each replica writes its own)
+    spec = model_spec(recipe.model.name)
+    per_replica = spec.parameter_count() * 4 * 3
+    replicas = layout.world_size / max(1, layout.num_stages)
+    need = per_replica * replicas * (recipe.checkpointing.keep_last + 1)
+    free = shutil.disk_usage(folder).free
+    if free < need:
+        raise JobBroken(
+            "disk_full",
+            f"the checkpoints need about {need / 1e6:,.0f} MB ({recipe.checkpointing.keep_last} "
+            f"kept and one being written) and {folder} has {free / 1e6:,.0f} MB free",
+            fix="free space there, or point checkpointing.path at a larger disk or s3://...; "
+            "then submit the recipe again",
+        )
 
 
 def checkpoint_url(recipe: Recipe) -> str:

@@ -1,6 +1,11 @@
-"""Fixtures shared by integration tests: moto's S3 server on 127.0.0.1 and fake AWS credentials."""
+"""Fixtures shared by integration tests: moto's S3 server on 127.0.0.1, fake AWS credentials, and a
+Ray cluster of a test module's own."""
 
 from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import pytest
 
@@ -28,3 +33,23 @@ def s3_env(monkeypatch):
     """Fake credentials for boto3's chain, for this test only."""
     for key, value in FAKE_AWS.items():
         monkeypatch.setenv(key, value)
+
+
+@contextmanager
+def local_ray(*, num_cpus: int, resources: dict[str, float]) -> Iterator:
+    """A Ray cluster of its own on this machine (never one another process started), shut down
+    after use; yields the ``ray`` module."""
+    import ray
+
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    ray.init(
+        address="local",
+        num_cpus=num_cpus,
+        resources=resources,
+        include_dashboard=False,
+        log_to_driver=False,
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -236,6 +236,7 @@ def ray_cluster():
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(
+        address="local",  # a cluster of its own, never one another process started
         num_cpus=4,
         resources={f"infra:{A1}": 2, f"infra:{A2}": 2},
         include_dashboard=False,

@@ -34,7 +34,13 @@ def served():
     from provisioners.local.gateway import serve, start_gateway
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=1, resources={"head": 1}, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        address="local",  # a cluster of its own, never one another process started
+        num_cpus=1,
+        resources={"head": 1},
+        include_dashboard=False,
+        log_to_driver=False,
+    )
     stop = threading.Event()
     server = threading.Thread(target=serve, args=(FakeCloud(), start_gateway("gw-test"), stop))
     server.start()

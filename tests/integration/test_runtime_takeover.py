@@ -5,8 +5,6 @@ gives the uninterrupted run's losses."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 pytest.importorskip("torch")
@@ -16,6 +14,7 @@ from orchestrator.plan import Plan, Replica, check_plan  # noqa: E402
 from runtime.data.text import ByteCorpus  # noqa: E402
 from runtime.models.specs import model_spec  # noqa: E402
 from runtime.reference import TrainConfig, reference_losses  # noqa: E402
+from tests.integration.conftest import local_ray  # noqa: E402
 
 A1 = "local/sim-us/sim-us-a"
 CONFIG = TrainConfig(steps=6, global_batch_size=8, microbatch_size=2, learning_rate=3e-3, seed=4)
@@ -27,12 +26,8 @@ RELATIVE_TOLERANCE = (
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(num_cpus=4, resources={f"infra:{A1}": 4}, include_dashboard=False, log_to_driver=False)
-    yield ray
-    ray.shutdown()
+    with local_ray(num_cpus=4, resources={f"infra:{A1}": 4}) as ray:
+        yield ray
 
 
 @pytest.fixture(scope="module")

@@ -45,6 +45,7 @@ def ray_cluster():
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(
+        address="local",  # a cluster of its own, never one another process started
         num_cpus=6,
         resources={f"infra:{A1}": 4, f"infra:{A2}": 4, f"infra:{B1}": 4},
         include_dashboard=False,

@@ -14,6 +14,7 @@ from orchestrator.driver.machine import (
     Choice,
     Driver,
     DriverConfig,
+    JobBroken,
     Request,
     StepResult,
     WorkersLost,
@@ -71,6 +72,7 @@ class FakeCloud:
         self.polls = 0
         self.returns: dict[str, tuple[int, int]] = {}  # place -> (at poll number, capacity)
         self.workers: dict[str, list[str]] = {}  # running worker groups -> their nodes
+        self.stored: set[int] = set()  # checkpoints in the store (they outlive a driver)
 
     def launch(self, request: Request, *, gang: str) -> list[str]:
         if self.capacity.get(request.infra, 0) < request.count:
@@ -128,14 +130,29 @@ class FakeTrainer:
         self.name: str | None = None  # the running workers' name
         self.attached: list[str] = []
         self.rescuable = False
+        self.skipped: tuple[str, ...] = ()
 
     def start(self, plan: dict, *, restore_step: int | None, same_nodes: bool = False) -> int:
         self.starts.append(restore_step)
         self.nodes = list(self.cloud.alive_nodes)
         self.name = f"workers-{len(self.cloud.workers)}"
         self.cloud.workers[self.name] = list(self.nodes)  # they outlive this trainer's driver
-        good = [c for c in self.checkpoints if c <= (restore_step or 0) and c not in self.corrupt]
-        return max(good, default=0)
+        if restore_step is None:
+            return 0
+        good = [c for c in self.cloud.stored if c <= restore_step and c not in self.corrupt]
+        self.skipped = tuple(
+            f"step {c}: corrupt" for c in sorted(self.corrupt) if max(good, default=0) < c
+        )
+        if not good:
+            raise JobBroken(
+                "checkpoint",
+                f"no readable checkpoint at or before step {restore_step}",
+                fix="restore the store",
+            )
+        return max(good)
+
+    def unreadable(self) -> tuple[str, ...]:
+        return self.skipped
 
     def step(self, step: int) -> StepResult:
         action = self.script.pop(step, None)
@@ -148,6 +165,7 @@ class FakeTrainer:
 
     def checkpoint(self, step: int) -> None:
         self.checkpoints.append(step)
+        self.cloud.stored.add(step)
 
     def stop(self) -> None:
         self.cloud.workers.pop(self.name, None)
@@ -173,6 +191,7 @@ class FakeTrainer:
         """Survivors hold every stage when ``rescuable`` (a test's choice)."""
         if self.rescuable:
             self.checkpoints.append(step)
+            self.cloud.stored.add(step)
         return self.rescuable
 
 
