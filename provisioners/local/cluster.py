@@ -9,16 +9,25 @@ Ray records the death as a preemption and stops placing work there), then kills 
 Health checks are tightened (``HEALTH_CHECK``): a killed node is declared dead in about 1.4 s
 rather than about 14 s. Ray >= 2.60 enables token authentication by default; local test clusters
 run with ``RAY_AUTH_MODE=disabled``.
+
+The cluster dies with the process that started it (``dies_with_owner``, on by default): a reaper
+process (reaper.py, which also says why this mechanism) kills every process of its Ray session when
+that process is gone, even by ``kill -9``; a normal shutdown stops the nodes as Ray does, then the
+reaper sweeps what is left. Ray's own exit hooks and fate-sharing are off for every node (they worked only
+for nodes started on the main thread, and only for the starter's children). A node killed as a
+vanished VM loses its raylet and everything the raylet started at once.
 """
 
 from __future__ import annotations
 
 import atexit
+import datetime
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass
+
+from provisioners.local import reaper
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +82,13 @@ class NodeSpec:
 class LocalCluster:
     """Starts the head on first use; adds, drains and kills worker nodes."""
 
-    def __init__(self, *, head_cpus: int = 1) -> None:
+    def __init__(self, *, head_cpus: int = 1, dies_with_owner: bool = True) -> None:
+        """``dies_with_owner=False`` starts no reaper: the nodes then outlive a crash of this
+        process (the way to a detached job, which would also skip the exit hook below)."""
         self._head_cpus = head_cpus
+        self._dies_with_owner = dies_with_owner
         self._cluster = None
+        self._reaper: reaper.Reaper | None = None
         self._nodes: dict[str, object] = {}  # Ray node id (hex) -> ray._private.node.Node
 
     @property
@@ -84,25 +97,17 @@ class LocalCluster:
 
     def _started(self):
         if self._cluster is None:
-            import ray.cluster_utils
-
-            # why: Ray 2.60 turns token auth on by default; a local test cluster has no tokens
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")
             start = time.monotonic()
-            self._cluster = ray.cluster_utils.Cluster(
-                initialize_head=True,
-                head_node_args={
-                    "num_cpus": self._head_cpus,
-                    # the head (this machine, never preempted) also takes a job's driver when
-                    # its controller node is gone (provisioner.launch_controller)
-                    "resources": {"head": 1.0, "controller": 1.0},
-                    "object_store_memory": OBJECT_STORE_BYTES,
-                    "include_dashboard": False,
-                    "_system_config": dict(HEALTH_CHECK),
-                },
-                shutdown_at_exit=_on_main_thread(),
-            )
-            atexit.register(self.shutdown)  # nodes started off the main thread have no hooks
+            # named here, not by Ray, so that the reaper knows it before the first process
+            session = _session_name()
+            if self._dies_with_owner:
+                self._reaper = reaper.Reaper.start(session)
+            try:
+                self._cluster = _start_head(session, self._head_cpus)
+            except BaseException:
+                self._release_reaper()  # it sweeps what a failed start left running
+                raise
+            atexit.register(self.shutdown)
             log.info(
                 "local cloud: Ray head at %s in %.1f s",
                 self._cluster.address,
@@ -113,10 +118,6 @@ class LocalCluster:
     def add(self, spec: NodeSpec, *, timeout_s: float) -> str:
         """Start a Ray node for ``spec`` and wait until it registers; return its node id."""
         cluster = self._started()
-        # Ray's exit hooks for a node set a SIGTERM handler, which Python allows only on the
-        # main thread; a node added from another thread (the local cloud served to a driver
-        # actor, a notebook's job thread) goes without them and is shut down by ours (atexit)
-        cluster._shutdown_at_exit = _on_main_thread()
         node = cluster.add_node(
             wait=False,
             num_cpus=max(1, int(spec.vcpus)),
@@ -152,8 +153,14 @@ class LocalCluster:
     def kill(self, node_id: str) -> None:
         """Kill every process of the node at once (no graceful shutdown: a VM that vanishes)."""
         node = self._nodes.pop(node_id, None)
-        if node is not None:
-            self._started().remove_node(node, allow_graceful=False)
+        if node is None:
+            return
+        if reaper.supported():
+            # Ray kills the raylet alone; its agents and workers would live on until they
+            # notice (a worker about 2 s, an agent longer): a vanished VM takes them all at once
+            roots = {process.pid for _, process in node.live_processes()}
+            reaper.kill_all(lambda table: roots)
+        self._started().remove_node(node, allow_graceful=False)  # Ray's books; reaps the raylet
 
     def alive(self) -> set[str]:
         """Ids of the worker nodes the GCS considers alive."""
@@ -174,10 +181,45 @@ class LocalCluster:
         return node_id in self._nodes
 
     def shutdown(self) -> None:
-        if self._cluster is not None:
-            self._cluster.shutdown()
-            self._cluster, self._nodes = None, {}
+        """Stop every node (gracefully, as Ray does), then let the reaper sweep what is left."""
+        try:
+            if self._cluster is not None:
+                self._cluster.shutdown()
+                self._cluster, self._nodes = None, {}
+        finally:
+            self._release_reaper()
+
+    def _release_reaper(self) -> None:
+        if self._reaper is not None:
+            self._reaper.release()
+            self._reaper = None
 
 
-def _on_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
+def _start_head(session: str, cpus: int):
+    """A ``ray.cluster_utils.Cluster`` with its head node started, in Ray session ``session``."""
+    import ray.cluster_utils
+
+    # why: Ray 2.60 turns token auth on by default; a local test cluster has no tokens
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    return ray.cluster_utils.Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": cpus,
+            # the head (this machine, never preempted) also takes a job's driver when its
+            # controller node is gone (provisioner.launch_controller)
+            "resources": {"head": 1.0, "controller": 1.0},
+            "object_store_memory": OBJECT_STORE_BYTES,
+            "include_dashboard": False,
+            "_system_config": dict(HEALTH_CHECK),
+            "session_name": session,
+        },
+        # Ray's hooks: a SIGTERM handler (main thread only) and kernel fate-sharing, which
+        # would kill raylets before the reaper sees their children (reaper.py)
+        shutdown_at_exit=False,
+    )
+
+
+def _session_name() -> str:
+    """A Ray session name in Ray's own format: the time to the microsecond and our pid."""
+    stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f")
+    return f"session_{stamp}_{os.getpid()}"
