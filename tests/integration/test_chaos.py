@@ -91,3 +91,60 @@ def test_six_preemptions_one_a_whole_location_one_the_drivers_node_lose_nothing(
     fault_free = submit_job(RECIPE.split("local_cloud:")[0], tmp_path, "fault-free")
     assert fault_free["recoveries"] == 0
     assert state["losses"] == fault_free["losses"]
+
+
+PIPELINE_STEPS = 40
+PIPELINE_ONLY = f"""\
+name: pipeline-only
+provider: local
+model: {{name: gpt-tiny, profile: auto}}
+training:
+  global_batch_size: 8
+  microbatch_sizes: [2]
+  steps: {PIPELINE_STEPS}
+  optimizer: {{name: adamw, lr: 3.0e-3, grad_clip_norm: null}}
+  seed: 3
+constraints:
+  locations: [local/sim-us/sim-us-a, local/sim-us/sim-us-b]
+  gpu_types: [T4]
+  max_gpus: 2
+  min_locations: 2     # one GPU in each place
+  pricing: spot
+parallelism: {{data_parallel: [1]}}   # so a pipeline of two stages, and no replica of either
+checkpointing: {{every_steps: 10, path: CHECKPOINTS, keep_last: 2}}
+runtime: {{link_emulation: false}}
+"""
+
+
+@pytest.mark.integration
+def test_losses_without_notice_on_a_pipeline_without_replicas_roll_back_to_the_checkpoint(
+    tmp_path,
+):
+    """No surviving replica holds the lost stage's state: each loss rolls back to the newest
+    checkpoint, the event log says by how many steps, and the replayed steps give the losses
+    they gave the first time."""
+    from orchestrator.cli import main
+
+    recipe = tmp_path / "pipeline-only.yaml"
+    recipe.write_text(PIPELINE_ONLY.replace("CHECKPOINTS", str(tmp_path / "checkpoints")))
+    jobs = tmp_path / "jobs"
+    args = ["submit", str(recipe), "--jobs-dir", str(jobs), "--quiet"]
+    assert main([*args, "--lose-at", "14", "--lose-at", "27"]) == 0
+    folder = jobs / "pipeline-only"
+    state = json.loads((folder / "state.json").read_text())["state"]
+    events = [json.loads(line) for line in (folder / "events.jsonl").open()]
+    assert state["phase"] == "done" and state["step"] == PIPELINE_STEPS
+    assert all(e["plan_after"].startswith("PP2 x DP1") for e in events if e["event"] == "planned")
+    rolled = [e["details"] for e in events if e["event"] == "rolled_back"]
+    assert rolled == [
+        {"from_step": 14, "to_step": 10, "steps": 4},
+        {"from_step": 27, "to_step": 20, "steps": 7},
+    ]
+    assert "rescued" not in {e["event"] for e in events}
+    assert state["trained_steps"] == PIPELINE_STEPS + 4 + 7
+    # every replayed step gives the loss it gave the first time (the data of step k depends on
+    # k alone, the state is the checkpoint's)
+    first: dict[int, float] = {}
+    for row in map(json.loads, (folder / "metrics.jsonl").open()):
+        assert first.setdefault(row["step"], row["loss"]) == row["loss"], row
+    assert len(first) == PIPELINE_STEPS
