@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.catalog import Catalog
+from orchestrator.catalog import Catalog, default_catalog
 from orchestrator.cli import (
     catalog_cmd,
     jobs_cmd,
@@ -61,7 +61,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit code."""
     args = build_parser().parse_args(argv)
     try:
-        return args.run(args, Catalog(args.configs))
+        # the packaged catalog is read once per process (tests and the fuzz campaign call main
+        # many times)
+        catalog = default_catalog() if args.configs is None else Catalog(args.configs)
+        return args.run(args, catalog)
     except UserError as exc:
         # what the user's file held is echoed escaped: no escape sequence reaches the terminal
         print(f"error: {printable(exc.render())}", file=sys.stderr)

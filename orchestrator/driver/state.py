@@ -52,6 +52,13 @@ class JobState:
     workers: str | None = None
     driver_restarts: int = 0
     recoveries: int = 0
+    # the retry budget (machine.py): recoveries in a row without new progress, since when (Unix
+    # s), and the furthest step ever committed (passing it is progress)
+    attempts: int = 0
+    attempts_since_s: float | None = None
+    high_water_step: int = 0
+    # why a failed job stopped: {"cause", "message", "fix", "step"} (failures.py), or None
+    failure: dict | None = None
     losses: tuple[float, ...] = ()  # per committed step
     trained_steps: int = 0  # steps trained, replays after a recovery included
     train_s: float = 0.0  # seconds spent in those steps (not launching, starting, recovering)
@@ -151,7 +158,7 @@ def _read(path: Path) -> JobState:
         raise ValueError(f"larger than {MAX_STATE_BYTES:,} bytes, not a state this code wrote")
     try:
         document = json.loads(data.decode("utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # also an integer of 5,000 digits
         raise ValueError(f"not JSON ({exc.__class__.__name__}), torn or corrupt") from None
     if not isinstance(document, dict) or document.get("format") != FORMAT:
         raise ValueError(f"not a {FORMAT} document")
@@ -192,8 +199,9 @@ def _fits(value: object, hint: object, *, finite: bool = True) -> bool:
     if hint is type(None):
         return value is None
     if hint is float:
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
-        return number and (not finite or math.isfinite(value))
+        if isinstance(value, int) and not isinstance(value, bool):
+            return abs(value) < 2**1023  # a float could hold it (math.isfinite would overflow)
+        return isinstance(value, float) and (not finite or math.isfinite(value))
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
     return isinstance(value, hint) if isinstance(hint, type) else True

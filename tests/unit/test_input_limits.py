@@ -424,3 +424,74 @@ def test_a_diverged_runs_nan_losses_are_still_a_readable_state(tmp_path):
     )
     assert StateStore(tmp_path / "alpha").load().state.phase == "train"
 
+
+# ---- found by the fuzz campaign (tests/fuzz) ---------------------------------------------------
+
+
+def test_an_event_with_an_integer_of_thousands_of_digits_is_skipped(tmp_path):
+    path = tmp_path / "events.jsonl"
+    path.write_bytes(
+        b'{"event": "x", "time_s": ' + b"9" * 5000 + b'}\n{"event": "b", "time_s": 2}\n'
+    )
+    assert [e["event"] for e in read_events(path)] == ["b"]
+
+
+def test_a_state_number_too_large_for_a_float_is_corrupt(tmp_path):
+    # under a valid checksum: the field check must not overflow converting it
+    _write_state(tmp_path / "a", {"job": "a", "recipe_path": "r", "phase": "x", "train_s": 10**400})
+    with pytest.raises(StateCorrupt, match="train_s"):
+        StateStore(tmp_path / "a").load()
+    # more digits than Python reads: json.loads fails with a plain ValueError
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "state.json").write_text('{"state": {"step": ' + "9" * 5000 + "}}")
+    with pytest.raises(StateCorrupt, match="not JSON"):
+        StateStore(tmp_path / "b").load()
+
+
+# ---- the limits are declared and documented ----------------------------------------------------
+
+
+def _leaf_fields(cls: type, prefix: str = "") -> list[tuple[str, object, dict]]:
+    """(dotted name, type, metadata) of every field that is not a section, sections walked."""
+    import dataclasses
+    import typing
+
+    found = []
+    hints = typing.get_type_hints(cls)
+    for spec in dataclasses.fields(cls):
+        hint = hints[spec.name]
+        inner = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+        if dataclasses.is_dataclass(inner[0]):
+            found += _leaf_fields(inner[0], f"{prefix}{spec.name}.")
+        elif typing.get_origin(hint) is tuple and dataclasses.is_dataclass(
+            typing.get_args(hint)[0]
+        ):
+            found.append((prefix + spec.name, hint, dict(spec.metadata)))
+            found += _leaf_fields(typing.get_args(hint)[0], f"{prefix}{spec.name}[].")
+        else:
+            found.append((prefix + spec.name, hint, dict(spec.metadata)))
+    return found
+
+
+@pytest.mark.parametrize("root", ["Recipe", "Plan"])
+def test_every_number_has_a_maximum_and_every_list_a_length(root):
+    import typing
+
+    from orchestrator.plan import Plan
+    from orchestrator.recipe import Recipe
+
+    for name, hint, meta in _leaf_fields({"Recipe": Recipe, "Plan": Plan}[root]):
+        if typing.get_origin(hint) is tuple:
+            assert "items" in meta, f"{root}.{name} declares no longest list"
+        kinds = set(typing.get_args(hint)) | {hint}  # int | None, tuple[int, ...], int
+        if kinds & {int, float}:
+            assert "most" in meta, f"{root}.{name} declares no maximum"
+
+
+def test_docs_list_every_recipe_maximum():
+    from orchestrator.recipe import Recipe
+
+    docs = (REPO / "docs" / "recipe.md").read_text().split("## Limits", 1)[1]
+    for name, _, meta in _leaf_fields(Recipe):
+        if "most" in meta and not name.startswith("local_cloud.preempt"):
+            assert f"`{name}`" in docs, f"docs/recipe.md's limits table lacks {name}"
