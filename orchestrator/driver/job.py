@@ -488,6 +488,13 @@ def status_row(state: JobState) -> dict:
         "nodes": len(state.nodes),
         "checkpoint_step": state.checkpoint_step,
         "updated_at": iso_time(state.updated_at_s),
+        # why a failed job stopped, and what to do (None otherwise)
+        "failure": (
+            f"{state.failure.get('cause')}: {state.failure.get('message')}"
+            if state.failure
+            else None
+        ),
+        "fix": state.failure.get("fix") if state.failure else None,
     }
 
 

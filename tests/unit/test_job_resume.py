@@ -1,0 +1,60 @@
+"""What submitting a recipe again does with the job's state: a failed or stopped job resumes
+from its checkpoint with a fresh retry budget, ``--from-scratch`` starts again at step 0, and a
+job's folder is always inside the jobs home."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator.driver.job import _state, job_folder, signing_key, status_row
+from orchestrator.driver.state import JobState, StateStore
+from orchestrator.errors import UserError
+from orchestrator.recipe.schema import Recipe
+
+
+def _saved(tmp_path, **fields) -> StateStore:
+    store = StateStore(tmp_path / "job")
+    store.save(JobState(job="job", recipe_path="r.yaml", phase="failed", run_id="job-1", **fields))
+    return store
+
+
+def test_a_failed_job_resumes_from_its_checkpoint_with_a_fresh_budget(tmp_path):
+    failure = {"cause": "disk_full", "message": "no space", "fix": "free some"}
+    store = _saved(tmp_path, step=12, checkpoint_step=10, attempts=3, failure=failure)
+    state = _state(store, "job", Path("r.yaml"), from_scratch=False)
+    assert state.phase == "recover" and state.run_id == "job-1" and state.checkpoint_step == 10
+    assert state.failure is None and state.attempts == 0
+
+
+def test_from_scratch_starts_again_at_step_0_under_a_new_run(tmp_path):
+    store = _saved(tmp_path, step=12, checkpoint_step=10)
+    state = _state(store, "job", Path("r.yaml"), from_scratch=True)
+    assert state.phase == "plan" and state.step == 0 and state.run_id != "job-1"
+
+
+def test_status_says_why_a_job_failed():
+    failure = {"cause": "diverged", "message": "the loss is nan at step 13", "fix": "lower lr"}
+    row = status_row(JobState(job="j", recipe_path="r", phase="failed", failure=failure))
+    assert row["failure"] == "diverged: the loss is nan at step 13" and row["fix"] == "lower lr"
+
+
+def test_a_job_folder_never_leaves_the_jobs_home(tmp_path):
+    home = tmp_path / "jobs"
+    home.mkdir()
+    (home / "out").symlink_to(tmp_path)
+    recipe = Recipe.__new__(Recipe)  # only the name is read
+    for name in ("out", "../x", "/abs"):
+        object.__setattr__(recipe, "name", name)
+        with pytest.raises(UserError) as caught:
+            job_folder(recipe, Path("r.yaml"), home)
+        assert caught.value.field == "name"
+    object.__setattr__(recipe, "name", None)
+    assert job_folder(recipe, Path("My Recipe (2).yaml"), home) == home.resolve() / "My-Recipe-2"
+
+
+def test_the_checkpoint_key_is_made_once_and_readable_by_its_owner_only(tmp_path):
+    key = signing_key(tmp_path)
+    assert len(key) == 32 and signing_key(tmp_path) == key
+    assert (tmp_path / "checkpoint.key").stat().st_mode & 0o077 == 0
