@@ -58,3 +58,18 @@ def test_the_checkpoint_key_is_made_once_and_readable_by_its_owner_only(tmp_path
     key = signing_key(tmp_path)
     assert len(key) == 32 and signing_key(tmp_path) == key
     assert (tmp_path / "checkpoint.key").stat().st_mode & 0o077 == 0
+
+
+def test_metrics_stay_strict_json_whatever_a_step_reports(tmp_path):
+    import json
+    import math
+
+    from orchestrator.driver.job import _Metrics
+    from orchestrator.driver.machine import StepResult
+
+    metrics = _Metrics(tmp_path / "metrics.jsonl", batch=8)
+    state = JobState(job="j", recipe_path="r", phase="train", step=3, train_s=1.0)
+    metrics.record(state, StepResult(loss=math.nan))
+    metrics.record(state.evolve(step=4, train_s=2.0, egress_bytes=math.inf), StepResult(loss=1.5))
+    rows = [json.loads(line, parse_constant=pytest.fail) for line in metrics.path.open()]
+    assert rows[0]["loss"] is None and rows[1]["egress_bytes"] is None and rows[1]["loss"] == 1.5
