@@ -160,7 +160,16 @@ def follow(
 
     version, step = -1, -1
     while True:
-        report = ray.get(actor.progress.remote(version))
+        try:
+            report = ray.get(actor.progress.remote(version))
+        except ray.exceptions.RayActorError as error:
+            # Ray restarts a driver whose process died; this one cannot come back (its start
+            # failed, e.g. on an unreadable job state): say why in one line
+            from orchestrator.driver.failures import describe, inner
+
+            if isinstance(inner(error), UserError):
+                raise inner(error) from None
+            raise DriverCrashed(f"the driver actor is gone: {describe(error)}") from None
         state = JobState.from_dict(report["state"])
         version = state.version
         if on_step is not None and state.step > step and state.losses:

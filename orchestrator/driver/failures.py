@@ -101,19 +101,19 @@ def one_line(text: object, *, limit: int = 300) -> str:
 
 def describe(error: BaseException) -> str:
     """``ValueError: Invalid learning rate: nan`` for the worker's own error, whatever wraps it."""
-    inner = _inner(error)
-    text = _message(inner)
-    return one_line(f"{type(inner).__name__}: {text}" if text else type(inner).__name__)
+    own = inner(error)
+    text = _message(own)
+    return one_line(f"{type(own).__name__}: {text}" if text else type(own).__name__)
 
 
 def classify(error: BaseException, *, doing: str, store: str = "") -> Verdict:
     """The verdict on ``error``, raised while ``doing`` (e.g. "step 12", "restoring step 40",
     "checkpoint of step 50"); ``store``: the checkpoint store's URL, named in the fixes."""
-    inner = _inner(error)
+    own = inner(error)
     what = f"{doing}: {describe(error)}"
-    if _is_lost(error, inner):
+    if _is_lost(error, own):
         return Verdict(True, "lost", what)
-    for link in _chain(inner):
+    for link in _chain(own):
         verdict = _by_type(link, what, store)
         if verdict is not None:
             return verdict
@@ -185,12 +185,12 @@ def _by_type(link: BaseException, what: str, store: str) -> Verdict | None:
     return None
 
 
-def _is_lost(error: BaseException, inner: BaseException) -> bool:
+def _is_lost(error: BaseException, own: BaseException) -> bool:
     """A worker, node or link gone: Ray says so, or the worker's error is a broken connection."""
     outer = {cls.__name__ for cls in type(error).__mro__}
     if outer & _RAY_LOST and "RayTaskError" not in outer:
         return True
-    for link in _chain(inner):
+    for link in _chain(own):
         names = {cls.__name__ for cls in type(link).__mro__}
         if names & _RAY_LOST or names & _COMM_TYPES:
             return True
@@ -201,10 +201,15 @@ def _is_lost(error: BaseException, inner: BaseException) -> bool:
     return False
 
 
-def _inner(error: BaseException) -> BaseException:
-    """The worker's own exception inside Ray's wrapper (``RayTaskError.cause``)."""
-    cause = getattr(error, "cause", None)
-    return cause if isinstance(cause, BaseException) else error
+def inner(error: BaseException) -> BaseException:
+    """The worker's own exception inside Ray's wrappers (``RayTaskError.cause``, an actor's
+    ``ActorDiedError.cause`` when its creation task raised)."""
+    for _ in range(4):  # wrappers nest a few deep at most
+        cause = getattr(error, "cause", None)
+        if not isinstance(cause, BaseException) or cause is error:
+            break
+        error = cause
+    return error
 
 
 def _chain(error: BaseException) -> list[BaseException]:
