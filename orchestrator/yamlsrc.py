@@ -156,7 +156,7 @@ def load_yaml_text(text: str, *, file: str, limits: YamlLimits = RECIPE_LIMITS) 
     document is over ``limits``."""
     if len(text) > limits.max_bytes:
         raise YamlSyntaxError(f"the text is longer than {limits.max_bytes:,} characters", None)
-    node = _compose(text, limits)
+    node = _compose(str(text), limits)  # libyaml takes a str, not a subclass of it
     if node is None:
         return YamlDoc(value=None, lines={(): 1}, file=file)
     builder = _Builder()
@@ -178,23 +178,35 @@ def load_yaml_file(
 
 
 def _compose(text: str, limits: YamlLimits) -> yaml.Node | None:
-    """The node tree of ``text``, after the limits pass; PyYAML's own loader words the syntax
-    errors (libyaml's name less: no alias, no character)."""
+    """The node tree of ``text``, after the limits pass. libyaml parses first (fast); when it
+    refuses the text, PyYAML tries again: it reads a few escapes libyaml does not, and its
+    messages name more (the alias, the character)."""
     try:
-        _check_limits(text, limits)
+        _check_limits(text, limits, _FAST_LOADER)
         return yaml.compose(text, Loader=_FAST_LOADER)
     except yaml.YAMLError as exc:
         if "nesting depth" in str(exc):  # libyaml's own limit (1,000), met while scanning ahead
             raise _too_deep(limits, exc.problem_mark.line + 1) from None
-        if len(text) > RECIPE_LIMITS.max_bytes:  # too long to parse again in Python
-            raise _syntax_error(exc, text) from None
+        fast_error = exc
+    # PyYAML's scanner takes time quadratic in the nesting of [ and { (and its composer
+    # recurses): past a depth it cannot accept anyway, libyaml's word is final
+    if len(text) > RECIPE_LIMITS.max_bytes or _bracket_depth(text) > 2 * limits.max_depth:
+        raise _syntax_error(fast_error, text)
     try:
-        yaml.compose(text, Loader=yaml.SafeLoader)
+        _check_limits(text, limits, yaml.SafeLoader)
+        return yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         raise _syntax_error(exc, text) from None
-    except RecursionError:  # the limits pass stopped at a syntax error before the depth
-        raise _too_deep(limits, None) from None
-    raise YamlSyntaxError("not valid YAML", None)  # the two parsers disagree: say no rather
+
+
+def _bracket_depth(text: str) -> int:
+    """How deep ``[`` and ``{`` nest in ``text``, quotes and comments counted too: an upper
+    bound of the flow nesting."""
+    depth = deepest = 0
+    for bracket in re.sub(r"[^\[\]{}]+", "", text):
+        depth = depth + 1 if bracket in "[{" else max(0, depth - 1)
+        deepest = max(deepest, depth)
+    return deepest
 
 
 def _syntax_error(exc: yaml.YAMLError, text: str) -> YamlSyntaxError:
@@ -221,14 +233,15 @@ class _Open:
     deepest: int
 
 
-def _check_limits(text: str, limits: YamlLimits) -> None:
-    """Walk the parser's events (no recursion) and raise YamlSyntaxError at the first limit
-    passed; an alias counts as every node of its anchor, as the builder will expand it."""
+def _check_limits(text: str, limits: YamlLimits, loader: type) -> None:
+    """Walk the parser's events (``loader``'s; no recursion) and raise YamlSyntaxError at the
+    first limit passed; an alias counts as every node of its anchor, as the builder will expand
+    it."""
     nodes = aliased = 0
     opened: list[_Open] = []
     anchors: dict[str, tuple[int, int]] = {}  # anchor -> (nodes, depth below it)
     anchor_line: dict[str, int] = {}
-    for event in yaml.parse(text, Loader=_FAST_LOADER):
+    for event in yaml.parse(text, Loader=loader):
         line = event.start_mark.line + 1
         depth = len(opened)
         if isinstance(event, yaml.AliasEvent):
@@ -322,9 +335,10 @@ class _Builder:
     def scalar(self, node: yaml.ScalarNode) -> Any:
         try:
             value = self._loader.construct_object(node, deep=True)
-        except (yaml.YAMLError, ValueError, TypeError, OverflowError):
-            # e.g. an explicit tag that does not fit its text: `!!int forty`, `!!binary x`, or
-            # an integer of more digits than Python converts
+        except (yaml.YAMLError, ValueError, TypeError, OverflowError, LookupError, AttributeError):
+            # an explicit tag that does not fit its text: `!!int forty`, `!!binary x`, `!!int`
+            # with no text (IndexError), `!!bool maybe` (KeyError), `!!timestamp x`
+            # (AttributeError); or an integer of more digits than Python reads (ValueError)
             raise YamlSyntaxError(
                 f"cannot read the value '{_short(node.value)}' as {node.tag.rsplit(':', 1)[-1]}",
                 node.start_mark.line + 1,

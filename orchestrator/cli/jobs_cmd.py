@@ -1,10 +1,15 @@
 """``status``, ``logs`` and ``stop``: the jobs ``submit`` runs, read from their folders.
 
 - ``status [JOB]``: per job its phase, step, last loss, measured samples/s, dollars spent (compute
-  + egress), recoveries and nodes held (table or ``--json``).
+  + egress), recoveries and nodes held (table or ``--json``). A job whose state cannot be read is
+  listed as unreadable, with its file and the problem, beside the others (``status JOB`` of such
+  a job is an error, exit 2).
 - ``logs JOB``: its event log (or ``--json``: the events as one JSON list).
 - ``stop JOB``: asks the job's driver to stop: it checkpoints after the current step, releases
   every node and records ``stopped``; submitting the recipe again resumes it.
+
+JOB must be a job name (orchestrator/names.py): no path is built from anything else. What the
+files hold is printed with control characters escaped.
 """
 
 from __future__ import annotations

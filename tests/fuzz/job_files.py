@@ -14,7 +14,7 @@ import json
 
 from hypothesis import strategies as st
 
-from tests.fuzz.strategies import DEVICE, FIFO, FOLDER, STATE_FORMAT, Case
+from tests.fuzz.strategies import DEVICE, FIFO, FOLDER, STATE_FORMAT, Case, unheld
 
 GOOD_STATE = {
     "job": "alpha",
@@ -77,6 +77,7 @@ def state_document(state: object) -> str:
 
 
 @st.composite
+@unheld
 def state_file(draw, job: str) -> str | bytes:
     kind = draw(st.sampled_from(["good", "field", "field", "field", "shape", "damaged", "special"]))
     state = dict(GOOD_STATE, job=job)
@@ -116,6 +117,7 @@ def _event(**fields) -> str:
 
 
 @st.composite
+@unheld
 def event_line(draw) -> bytes:
     kind = draw(st.integers(0, 11))
     if kind <= 2:
@@ -144,6 +146,7 @@ def event_line(draw) -> bytes:
 
 
 @st.composite
+@unheld
 def events_file(draw) -> bytes | str:
     if draw(st.integers(0, 14)) == 0:
         return draw(st.sampled_from([FOLDER, FIFO, DEVICE]))

@@ -8,6 +8,7 @@ and writes nothing. Its report is printed (``pytest -s`` shows it) and asserted 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -21,7 +22,9 @@ MAX_WALL_S = 120.0  # on CI's 2-core machine
 MAX_PEAK_RSS_MIB = 1024.0
 
 
-def test_no_input_gives_a_traceback_a_hang_or_a_bad_exit_code():
+def test_no_input_gives_a_traceback_a_hang_or_a_bad_exit_code(tmp_path):
+    # Hypothesis keeps caches beside its database: in a temporary folder, not the working tree
+    env = {**os.environ, "HYPOTHESIS_STORAGE_DIRECTORY": str(tmp_path / "hypothesis")}
     finished = subprocess.run(
         [
             sys.executable,
@@ -35,6 +38,7 @@ def test_no_input_gives_a_traceback_a_hang_or_a_bad_exit_code():
         capture_output=True,
         text=True,
         cwd=REPO,
+        env=env,
         timeout=600,
     )
     assert finished.returncode == 0, finished.stderr[-3000:]

@@ -495,3 +495,25 @@ def test_docs_list_every_recipe_maximum():
     for name, _, meta in _leaf_fields(Recipe):
         if "most" in meta and not name.startswith("local_cloud.preempt"):
             assert f"`{name}`" in docs, f"docs/recipe.md's limits table lacks {name}"
+
+
+@pytest.mark.parametrize(
+    "value", ["!!int ", "!!int ''", "!!float ''", "!!bool ''", "!!bool maybe", "!!timestamp x"]
+)
+def test_an_explicit_tag_on_no_text_names_its_line(tmp_path, value):
+    error = recipe_error(recipe(**{"max_gpus: 4": f"max_gpus: {value}"}), tmp_path)
+    assert error.line == 36 and "cannot read the value" in error.message, error.render()
+
+
+def test_flow_nesting_thousands_deep_after_a_libyaml_only_error_is_quick():
+    # libyaml refuses the escape on line 1 (PyYAML reads it); PyYAML's scanner then takes time
+    # quadratic in the depth of [ ... ]: past a depth no document may have, libyaml's word holds
+    text = 'a: "\\ud83d"\nb: ' + "[" * 2000 + "]" * 2000 + "\n"
+    started = time.process_time()
+    with pytest.raises(YamlSyntaxError):
+        load_yaml_text(text, file="r.yaml")
+    assert time.process_time() - started < 0.5
+
+
+def test_text_that_only_pyyaml_reads_is_still_read():
+    assert load_yaml_text('a: "\\ud83d"\n', file="r.yaml").value == {"a": "\ud83d"}
