@@ -91,8 +91,12 @@ def _load_all(jobs_dir: Path) -> tuple[list[JobState], list[tuple[str, UserError
     folder hides none of the others."""
     states, broken = [], []
     for folder in sorted(p for p in jobs_dir.glob("*") if p.is_dir()):
-        if not StateStore(folder).exists():
-            continue  # not a job's folder
+        try:
+            if not StateStore(folder).exists():
+                continue  # not a job's folder
+        except OSError as exc:  # a folder this user may not look into
+            broken.append((folder.name, UserError(exc.strerror or str(exc), file=str(folder))))
+            continue
         problem = job_name_problem(folder.name)
         if problem is not None:
             broken.append((folder.name, UserError(problem, file=str(folder))))

@@ -32,6 +32,11 @@ GOOD_STATE = {
     "recoveries": 1,
     "started_at_s": 1.7e9,
     "updated_at_s": 1.7e9,
+    "checkpoint_step": None,
+    "plan": None,
+    "choice": None,
+    "node_kinds": {},
+    "failure": None,  # a failed job's {"cause", "message", "fix", "step"}
 }
 _JSON_VALUES = st.one_of(
     st.sampled_from(
@@ -42,6 +47,8 @@ _JSON_VALUES = st.one_of(
             "text",
             "\x1b[31mred",
             "a\nb",
+            {"cause": [1], "message": {"a": None}, "fix": 3},
+            {"cause": "\x1b[2J", "message": "m", "fix": "f", "step": 3},
             [],
             {},
             [1, "x"],
