@@ -68,6 +68,7 @@ def check_recipe(recipe: Recipe, doc: YamlDoc, catalog: Catalog, folder: Path) -
     _check_parallelism(checker, spec)
     _check_checkpointing(checker)
     _check_runtime(checker)
+    _check_recovery(checker)
     _check_local_cloud(checker)
     if checker.errors:
         first, *rest = checker.errors
@@ -523,6 +524,20 @@ def _check_runtime(c: Checker) -> None:
             path + ("compression",),
             "compression applies to the cross-region hop of a hierarchical all-reduce",
             "write allreduce: hierarchical (or auto), or compression: none",
+        )
+
+
+def _check_recovery(c: Checker) -> None:
+    r, path = c.recipe.recovery, ("recovery",)
+    if r.max_attempts < 1:
+        c.error(path + ("max_attempts",), f"must be >= 1, got {r.max_attempts}", "write e.g. 10")
+    c.positive(path + ("max_seconds",), r.max_seconds)
+    c.positive(path + ("backoff_s",), r.backoff_s, allow_zero=True)
+    if r.max_backoff_s < r.backoff_s:
+        c.error(
+            path + ("max_backoff_s",),
+            f"{r.max_backoff_s:g} is less than backoff_s ({r.backoff_s:g})",
+            f"write at least {r.backoff_s:g}",
         )
 
 

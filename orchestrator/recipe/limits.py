@@ -33,6 +33,9 @@ MAX_PIPELINE_STAGES = 10_000  # no built-in model has more layers
 MAX_TENSOR_PARALLEL = 16  # TP stays in one node; checks.py also wants a power of two
 
 MAX_KEEP_CHECKPOINTS = 1000
+MAX_RECOVERY_ATTEMPTS = 10_000  # recoveries in a row without progress
+MAX_RECOVERY_S = 30 * 24 * 3600.0  # a month
+MAX_BACKOFF_S = 24 * 3600.0
 MAX_STREAMS = 256
 MAX_NOTICE_S = 3600.0
 MAX_SLOW_NODES = 10_000

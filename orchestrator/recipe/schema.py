@@ -166,6 +166,31 @@ class CheckpointConfig:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RecoveryConfig:
+    """How long the driver keeps recovering a job that does not move on (docs/driver.md)."""
+
+    max_attempts: int = _help(
+        "stop after this many recoveries in a row without progress past the furthest step (>= 1)",
+        default=10,
+        most=L.MAX_RECOVERY_ATTEMPTS,
+    )
+    max_seconds: float = _help(
+        "stop when recoveries without progress have gone on this many seconds (> 0)",
+        default=1800.0,
+        most=L.MAX_RECOVERY_S,
+    )
+    backoff_s: float = _help(
+        "wait this long before the second attempt in a row, doubling after (>= 0; the first "
+        "attempt never waits)",
+        default=2.0,
+        most=L.MAX_BACKOFF_S,
+    )
+    max_backoff_s: float = _help(
+        "the longest wait between attempts (>= backoff_s)", default=60.0, most=L.MAX_BACKOFF_S
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
 class RuntimeConfig:
     allreduce: Literal["auto", "flat", "hierarchical"] = _help(
         "auto, flat or hierarchical", default="auto"
@@ -250,6 +275,9 @@ class Recipe:
     )
     runtime: RuntimeConfig = _help(
         "allreduce, compression, streams, link_emulation", default_factory=RuntimeConfig
+    )
+    recovery: RecoveryConfig = _help(
+        "max_attempts, max_seconds, backoff_s, max_backoff_s", default_factory=RecoveryConfig
     )
     local_cloud: LocalCloudConfig = _help(
         "preempt_at_steps, notice_s (provider: local only)", default_factory=LocalCloudConfig

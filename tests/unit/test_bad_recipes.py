@@ -15,6 +15,27 @@ TRAINING = "training:\n  global_batch_size: 16\n  steps: 10\n"
 # (id, recipe text, field named, line named, fragment of the message)
 CASES = [
     (
+        "recovery-without-attempts",
+        MODEL + TRAINING + "recovery:\n  max_attempts: 0\n",
+        "recovery.max_attempts",
+        7,
+        "must be >= 1",
+    ),
+    (
+        "recovery-backoff-cap-below-the-first-wait",
+        MODEL + TRAINING + "recovery:\n  backoff_s: 30\n  max_backoff_s: 5\n",
+        "recovery.max_backoff_s",
+        8,
+        "less than backoff_s",
+    ),
+    (
+        "recovery-seconds-not-finite",
+        MODEL + TRAINING + "recovery:\n  max_seconds: .inf\n",
+        "recovery.max_seconds",
+        7,
+        "",
+    ),
+    (
         "preemption-after-the-last-step",
         MODEL + TRAINING + "local_cloud:\n  preempt_at_steps: [3, 10]\n",
         "local_cloud.preempt_at_steps",
