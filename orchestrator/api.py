@@ -29,6 +29,7 @@ from orchestrator.driver.job import (
 )
 from orchestrator.driver.state import JobState, StateStore
 from orchestrator.errors import UserError
+from orchestrator.names import job_name_problem
 
 
 class Job:
@@ -146,6 +147,9 @@ def submit(
 
 def job(name: str, *, jobs_dir: str | Path = JOBS_DIR) -> Job:
     """A handle on a job submitted earlier."""
+    problem = job_name_problem(name)
+    if problem is not None:  # before any path is built from it
+        raise UserError(problem, field="name", fix="give the job's name as `status` lists it")
     handle = Job(name, jobs_dir=Path(jobs_dir))
     if not StateStore(handle.folder).exists():
         raise UserError(

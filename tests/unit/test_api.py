@@ -74,3 +74,8 @@ def test_dashboard_metrics_are_set_per_step_with_the_job_tag():
     assert made["geo_orchestrator_usd_per_hour"].values == [(0.72, {"job": "alpha"})]
     metrics.update({**row, "samples_per_s": None}, usd_per_hour=0.72)  # a step without a rate
     assert len(made["geo_orchestrator_samples_per_s"].values) == 1
+
+
+def test_a_handle_on_a_name_that_is_not_a_job_name_is_refused(tmp_path):
+    with pytest.raises(UserError, match="not a job name"):
+        orchestrator.job("../../etc", jobs_dir=tmp_path)
