@@ -54,7 +54,11 @@ def prepare(recipe: Recipe, catalog: Catalog, market: OfferTable | None = None) 
         space = build_space(recipe, market, catalog, num_layers=profile.num_layers)
     network, prices, settings = views_for(catalog, market)
     objective = Objective.from_recipe(recipe)
-    risk = RiskModel.load(catalog) if objective.risk_aware else None
+    risk = None
+    if objective.risk_aware:
+        risk = RiskModel.load(catalog).for_provider(
+            recipe.provider, local_notice_s=recipe.local_cloud.notice_s
+        )
     evaluator = Evaluator(
         space,
         profile,

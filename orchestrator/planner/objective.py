@@ -5,16 +5,25 @@ optionally above a throughput floor, given directly or implied by a deadline for
 A total budget (``budget_usd``) bounds the whole run. $/h counts compute and egress.
 
 Risk-aware scoring (Parcae's "liveput" idea, simplified): each spot VM is preempted at its place's
-rate; each preemption costs time. With two or more replicas per stage the lost stage's state is
-copied from a survivor and training goes on with one replica fewer until a replacement arrives;
-with one replica it waits for the replacement and restores the last checkpoint, redoing half a
-checkpoint interval on average. Expected throughput = throughput x (1 - preemptions per hour x
-seconds lost per preemption / 3600). Rates and times come from the market, else configs/planner.yaml.
+rate, and now and then a location loses all its spot VMs at once; each costs time, as the driver
+recovers (docs/driver.md, "When a lost node costs steps"):
+
+- a preemption with a notice long enough for a step and a checkpoint (the provider must deliver
+  notices: AWS and the local cloud do) rolls nothing back: the driver checkpoints, moves off, waits
+  for the replacement and restores;
+- without one, with a replica of every stage left, the survivors' state is kept (copied) and
+  training goes on with one replica fewer until a replacement arrives;
+- without one, on a pipeline without replicas, or when a location that holds every replica of a
+  stage goes at once, the job waits for the replacement, restores the newest checkpoint and trains
+  again what came after it: half a checkpoint interval on average.
+
+Expected throughput = throughput x (1 - seconds lost per hour / 3600). Rates and times come from
+the market, else configs/planner.yaml.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 from orchestrator.catalog import Catalog
@@ -66,6 +75,9 @@ class RiskModel:
     replacement_s: dict[str, float]
     copy_s: dict[str, float]
     restore_s: dict[str, float]
+    notice_s: dict[str, float]  # as the driver receives it (0: none)
+    checkpoint_write_s: dict[str, float]
+    location_rate_per_hour: dict[str, float]  # all of a location's spot VMs at once
 
     @classmethod
     def load(cls, catalog: Catalog) -> RiskModel:
@@ -91,10 +103,27 @@ class RiskModel:
             by_cloud("replacement_s"),
             by_cloud("copy_from_replica_s"),
             by_cloud("restore_from_checkpoint_s"),
+            by_cloud("notice_s"),
+            by_cloud("checkpoint_write_s"),
+            by_cloud("location_event_rate_per_hour"),
         )
         entry.text("source")
         entry.done()
         return model
+
+    def for_provider(self, provider: str, *, local_notice_s: float) -> RiskModel:
+        """The model as the recipe's provider delivers notices: none where its adapter cannot
+        (provisioners declare it), the recipe's own on the local cloud."""
+        from provisioners.base import Feature
+        from provisioners.registry import provisioner_class
+
+        if provider == "local":
+            notice = {"default": 0.0, "local": local_notice_s}
+        elif Feature.PREEMPTION_NOTICE in provisioner_class(provider).unsupported:
+            notice = {"default": 0.0}
+        else:
+            notice = self.notice_s
+        return replace(self, notice_s=notice)
 
     @staticmethod
     def _get(table: dict[str, float], cloud: str) -> float:
@@ -108,6 +137,7 @@ class RiskModel:
         checkpoint_every_steps: int,
     ) -> float:
         """Share of time spent training, given preemptions. ``rates``: infra -> (cloud, market rate)."""
+        rollback_s = checkpoint_every_steps * estimate.iteration_time_s / 2
         lost_per_hour = 0.0
         for stage in plan.stages:
             for replica in stage.replicas:
@@ -115,19 +145,32 @@ class RiskModel:
                     continue
                 cloud, rate = rates[replica.infra]
                 rate = self._get(self.rate_per_hour, cloud) if rate is None else rate
-                if plan.dp_degree >= 2:
-                    loss = (
-                        self._get(self.copy_s, cloud)
-                        + self._get(self.replacement_s, cloud) / plan.dp_degree
-                    )
-                else:
-                    loss = (
-                        self._get(self.replacement_s, cloud)
-                        + self._get(self.restore_s, cloud)
-                        + checkpoint_every_steps * estimate.iteration_time_s / 2
-                    )
-                lost_per_hour += rate * loss
+                noticed = self._get(self.notice_s, cloud) >= (
+                    estimate.iteration_time_s + self._get(self.checkpoint_write_s, cloud)
+                )
+                lost_per_hour += rate * self._vm_loss_s(cloud, plan, noticed, rollback_s)
+        spot_places = {r.infra for s in plan.stages for r in s.replicas if r.spot}
+        for infra in sorted(spot_places):
+            cloud = rates[infra][0]
+            rate = self._get(self.location_rate_per_hour, cloud)
+            if rate:
+                lost_per_hour += rate * self._location_loss_s(cloud, plan, infra, rollback_s)
         return max(0.0, 1.0 - lost_per_hour / 3600)
+
+    def _vm_loss_s(self, cloud: str, plan: Plan, noticed: bool, rollback_s: float) -> float:
+        replacement = self._get(self.replacement_s, cloud)
+        if noticed:  # checkpointed on the notice: nothing to train again
+            return replacement + self._get(self.restore_s, cloud)
+        if plan.dp_degree >= 2:  # the survivors hold the last step
+            return self._get(self.copy_s, cloud) + replacement / plan.dp_degree
+        return replacement + self._get(self.restore_s, cloud) + rollback_s
+
+    def _location_loss_s(self, cloud: str, plan: Plan, infra: str, rollback_s: float) -> float:
+        """A location's spot VMs all at once: its stages' state survives elsewhere, or not."""
+        replacement = self._get(self.replacement_s, cloud)
+        if all(any(r.infra != infra for r in stage.replicas) for stage in plan.stages):
+            return self._get(self.copy_s, cloud) + replacement
+        return replacement + self._get(self.restore_s, cloud) + rollback_s
 
 
 def score(estimate: Estimate, objective: Objective, live_fraction: float = 1.0) -> Score:
