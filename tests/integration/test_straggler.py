@@ -59,4 +59,6 @@ def test_a_slow_node_gets_a_smaller_share_and_the_losses_stay(tmp_path, capsys):
     assert "pipeline_microbatches" not in fault_free["plan"]
     step = move["details"]["step"]
     assert state["losses"][:step] == fault_free["losses"][:step]  # before the move: bit for bit
-    assert state["losses"] == pytest.approx(fault_free["losses"], rel=1e-4)
+    # (1.6e-4 relative seen by step 80 with shares 1 + 7; a sample given to the wrong replica or
+    # counted twice moves the loss by far more)
+    assert state["losses"] == pytest.approx(fault_free["losses"], rel=3e-4)
