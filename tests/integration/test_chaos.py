@@ -97,7 +97,7 @@ PIPELINE_STEPS = 40
 PIPELINE_ONLY = f"""\
 name: pipeline-only
 provider: local
-model: {{name: gpt-tiny, profile: auto}}
+model: {{name: gpt-tiny, profile: analytic}}
 training:
   global_batch_size: 8
   microbatch_sizes: [2]
@@ -118,22 +118,30 @@ runtime: {{link_emulation: false}}
 
 @pytest.mark.integration
 def test_losses_without_notice_on_a_pipeline_without_replicas_roll_back_to_the_checkpoint(
-    tmp_path,
+    tmp_path, capsys
 ):
     """No surviving replica holds the lost stage's state: each loss rolls back to the newest
     checkpoint, the event log says by how many steps, and the replayed steps give the losses
-    they gave the first time."""
+    they gave the first time. Then, stopped, every checkpoint it kept is damaged: submitted again
+    it trains nothing, exits 1 and says in one line what failed and what to do."""
+    from orchestrator.catalog import default_catalog
     from orchestrator.cli import main
+    from orchestrator.driver.job import STOP_FILE, RunOptions, run_job
 
     recipe = tmp_path / "pipeline-only.yaml"
     recipe.write_text(PIPELINE_ONLY.replace("CHECKPOINTS", str(tmp_path / "checkpoints")))
     jobs = tmp_path / "jobs"
-    args = ["submit", str(recipe), "--jobs-dir", str(jobs), "--quiet"]
-    assert main([*args, "--lose-at", "14", "--lose-at", "27"]) == 0
     folder = jobs / "pipeline-only"
-    state = json.loads((folder / "state.json").read_text())["state"]
+
+    def stop_after_33(state, result) -> None:
+        if state.step >= 33:
+            (folder / STOP_FILE).write_text("stop\n")
+
+    options = RunOptions(jobs_dir=jobs, lose_at=(14, 27), on_step=stop_after_33)
+    first = run_job(recipe, default_catalog(), options).state
+    # the follower sees a step a little after the driver commits it: it stops soon after 33
+    assert first.phase == "stopped" and first.checkpoint_step == first.step >= 33
     events = [json.loads(line) for line in (folder / "events.jsonl").open()]
-    assert state["phase"] == "done" and state["step"] == PIPELINE_STEPS
     assert all(e["plan_after"].startswith("PP2 x DP1") for e in events if e["event"] == "planned")
     rolled = [e["details"] for e in events if e["event"] == "rolled_back"]
     assert rolled == [
@@ -141,10 +149,26 @@ def test_losses_without_notice_on_a_pipeline_without_replicas_roll_back_to_the_c
         {"from_step": 27, "to_step": 20, "steps": 7},
     ]
     assert "rescued" not in {e["event"] for e in events}
-    assert state["trained_steps"] == PIPELINE_STEPS + 4 + 7
+    assert first.trained_steps == first.step + 4 + 7
     # every replayed step gives the loss it gave the first time (the data of step k depends on
     # k alone, the state is the checkpoint's)
-    first: dict[int, float] = {}
+    seen: dict[int, float] = {}
     for row in map(json.loads, (folder / "metrics.jsonl").open()):
-        assert first.setdefault(row["step"], row["loss"]) == row["loss"], row
-    assert len(first) == PIPELINE_STEPS
+        assert seen.setdefault(row["step"], row["loss"]) == row["loss"], row
+    assert len(seen) == first.step
+
+    manifests = sorted((tmp_path / "checkpoints").rglob("manifest.json"))
+    assert len(manifests) == 2  # keep_last
+    for path in manifests:
+        path.write_bytes(b"\x00garbage")
+    capsys.readouterr()
+    code = main(["submit", str(recipe), "--jobs-dir", str(jobs), "--quiet"])
+    out, err = capsys.readouterr()
+    state = json.loads((folder / "state.json").read_text())["state"]
+    assert code == 1 and state["phase"] == "failed" and state["failure"]["cause"] == "checkpoint"
+    assert state["trained_steps"] == first.trained_steps  # nothing trained on a broken state
+    assert f"why: checkpoint: no readable checkpoint at or before step {first.step}" in out
+    assert "--from-scratch" in out and "Traceback" not in out + err
+    last = json.loads((folder / "events.jsonl").read_text().splitlines()[-1])
+    assert last["event"] == "failed" and "\n" not in last["reason"]
+    assert state["nodes"] == []
