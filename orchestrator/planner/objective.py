@@ -23,7 +23,7 @@ the market, else configs/planner.yaml.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from orchestrator.catalog import Catalog
@@ -78,6 +78,8 @@ class RiskModel:
     notice_s: dict[str, float]  # as the driver receives it (0: none)
     checkpoint_write_s: dict[str, float]
     location_rate_per_hour: dict[str, float]  # all of a location's spot VMs at once
+    # per cloud, the figures above looked up once (``_costs``)
+    _by_cloud: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     @classmethod
     def load(cls, catalog: Catalog) -> RiskModel:
@@ -129,6 +131,23 @@ class RiskModel:
     def _get(table: dict[str, float], cloud: str) -> float:
         return table.get(cloud, table["default"])
 
+    def _costs(self, cloud: str) -> _CloudCosts:
+        """The model's figures for one cloud, looked up once (the planner asks for every plan)."""
+        costs = self._by_cloud.get(cloud)
+        if costs is None:
+            get = self._get
+            costs = _CloudCosts(
+                rate_per_hour=get(self.rate_per_hour, cloud),
+                replacement_s=get(self.replacement_s, cloud),
+                copy_s=get(self.copy_s, cloud),
+                restore_s=get(self.restore_s, cloud),
+                notice_s=get(self.notice_s, cloud),
+                checkpoint_write_s=get(self.checkpoint_write_s, cloud),
+                location_rate_per_hour=get(self.location_rate_per_hour, cloud),
+            )
+            self._by_cloud[cloud] = costs
+        return costs
+
     def live_fraction(
         self,
         plan: Plan,
@@ -137,40 +156,49 @@ class RiskModel:
         checkpoint_every_steps: int,
     ) -> float:
         """Share of time spent training, given preemptions. ``rates``: infra -> (cloud, market rate)."""
-        rollback_s = checkpoint_every_steps * estimate.iteration_time_s / 2
+        iteration_s = estimate.iteration_time_s
+        rollback_s = checkpoint_every_steps * iteration_s / 2
+        dp = plan.dp_degree
         lost_per_hour = 0.0
+        spot_places = set()
         for stage in plan.stages:
             for replica in stage.replicas:
                 if not replica.spot:
                     continue
+                spot_places.add(replica.infra)
                 cloud, rate = rates[replica.infra]
-                rate = self._get(self.rate_per_hour, cloud) if rate is None else rate
-                noticed = self._get(self.notice_s, cloud) >= (
-                    estimate.iteration_time_s + self._get(self.checkpoint_write_s, cloud)
+                c = self._costs(cloud)
+                if c.notice_s >= iteration_s + c.checkpoint_write_s:
+                    loss = c.replacement_s + c.restore_s  # checkpointed on the notice
+                elif dp >= 2:
+                    loss = c.copy_s + c.replacement_s / dp  # the survivors hold the last step
+                else:
+                    loss = c.replacement_s + c.restore_s + rollback_s
+                lost_per_hour += (c.rate_per_hour if rate is None else rate) * loss
+        for infra in spot_places:
+            c = self._costs(rates[infra][0])
+            if c.location_rate_per_hour:
+                lost_per_hour += c.location_rate_per_hour * self._location_loss_s(
+                    c, plan, infra, rollback_s
                 )
-                lost_per_hour += rate * self._vm_loss_s(cloud, plan, noticed, rollback_s)
-        spot_places = {r.infra for s in plan.stages for r in s.replicas if r.spot}
-        for infra in sorted(spot_places):
-            cloud = rates[infra][0]
-            rate = self._get(self.location_rate_per_hour, cloud)
-            if rate:
-                lost_per_hour += rate * self._location_loss_s(cloud, plan, infra, rollback_s)
         return max(0.0, 1.0 - lost_per_hour / 3600)
 
-    def _vm_loss_s(self, cloud: str, plan: Plan, noticed: bool, rollback_s: float) -> float:
-        replacement = self._get(self.replacement_s, cloud)
-        if noticed:  # checkpointed on the notice: nothing to train again
-            return replacement + self._get(self.restore_s, cloud)
-        if plan.dp_degree >= 2:  # the survivors hold the last step
-            return self._get(self.copy_s, cloud) + replacement / plan.dp_degree
-        return replacement + self._get(self.restore_s, cloud) + rollback_s
-
-    def _location_loss_s(self, cloud: str, plan: Plan, infra: str, rollback_s: float) -> float:
+    @staticmethod
+    def _location_loss_s(c: _CloudCosts, plan: Plan, infra: str, rollback_s: float) -> float:
         """A location's spot VMs all at once: its stages' state survives elsewhere, or not."""
-        replacement = self._get(self.replacement_s, cloud)
         if all(any(r.infra != infra for r in stage.replicas) for stage in plan.stages):
-            return self._get(self.copy_s, cloud) + replacement
-        return replacement + self._get(self.restore_s, cloud) + rollback_s
+            return c.copy_s + c.replacement_s
+        return c.replacement_s + c.restore_s + rollback_s
+
+
+class _CloudCosts(NamedTuple):
+    rate_per_hour: float
+    replacement_s: float
+    copy_s: float
+    restore_s: float
+    notice_s: float
+    checkpoint_write_s: float
+    location_rate_per_hour: float
 
 
 def score(estimate: Estimate, objective: Objective, live_fraction: float = 1.0) -> Score:

@@ -16,3 +16,31 @@ def submit_job(recipe_text: str, folder, name: str) -> dict:
     recipe.write_text(text.replace("CHECKPOINTS", str(folder / "checkpoints")))
     assert main(["submit", str(recipe), "--jobs-dir", str(folder / "jobs"), "--quiet"]) == 0
     return json.loads((folder / "jobs" / name / "state.json").read_text())["state"]
+
+
+def fault_free_losses(plan: dict, recipe_text: str, folder) -> list[float]:
+    """The losses of ``plan`` trained straight through by the driver's trainer on a Ray cluster
+    of its own (no cloud, no driver, nothing lost): what a fault-free run of the job gives, step
+    for step, at a fraction of a submit's start-up."""
+    from orchestrator.catalog import default_catalog
+    from orchestrator.driver.world import RuntimeTrainer
+    from orchestrator.recipe import parse_recipe
+    from tests.integration.conftest import local_ray
+
+    text = recipe_text.replace("CHECKPOINTS", str(folder / "fault-free-checkpoints"))
+    recipe = parse_recipe(text, file="fault-free.yaml", folder=folder)
+    places = {r["infra"] for stage in plan["stages"] for r in stage["replicas"]}
+    workers = sum(len(stage["replicas"]) for stage in plan["stages"])
+    resources = {f"infra:{place}": float(workers) for place in places}
+    with local_ray(num_cpus=workers, resources=resources):
+        trainer = RuntimeTrainer(
+            recipe=recipe,
+            catalog=default_catalog(),
+            job="fault-free",
+            checkpoint_url=str(folder / "fault-free-checkpoints"),
+        )
+        trainer.start(plan, restore_step=None)
+        try:
+            return [trainer.step(step).loss for step in range(recipe.training.steps)]
+        finally:
+            trainer.stop()

@@ -8,11 +8,15 @@ recovery time."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from tests.integration.jobs import submit_job
+from tests.integration.jobs import fault_free_losses, submit_job
 
+REPO = Path(__file__).resolve().parents[2]
 STEPS = 200
 RECIPE = f"""\
 name: chaos
@@ -88,9 +92,7 @@ def test_six_preemptions_one_a_whole_location_one_the_drivers_node_lose_nothing(
     # drift grows to ~3e-3 relative by step 200.)
     plans = {e["plan_after"].split(",")[0] for e in events if e["event"] == "planned"}
     assert len(plans) == 1, plans
-    fault_free = submit_job(RECIPE.split("local_cloud:")[0], tmp_path, "fault-free")
-    assert fault_free["recoveries"] == 0
-    assert state["losses"] == fault_free["losses"]
+    assert state["losses"] == fault_free_losses(state["plan"], RECIPE, tmp_path)
 
 
 PIPELINE_STEPS = 40
@@ -118,14 +120,13 @@ runtime: {{link_emulation: false}}
 
 @pytest.mark.integration
 def test_losses_without_notice_on_a_pipeline_without_replicas_roll_back_to_the_checkpoint(
-    tmp_path, capsys
+    tmp_path,
 ):
     """No surviving replica holds the lost stage's state: each loss rolls back to the newest
     checkpoint, the event log says by how many steps, and the replayed steps give the losses
     they gave the first time. Then, stopped, every checkpoint it kept is damaged: submitted again
     it trains nothing, exits 1 and says in one line what failed and what to do."""
     from orchestrator.catalog import default_catalog
-    from orchestrator.cli import main
     from orchestrator.driver.job import STOP_FILE, RunOptions, run_job
 
     recipe = tmp_path / "pipeline-only.yaml"
@@ -161,11 +162,13 @@ def test_losses_without_notice_on_a_pipeline_without_replicas_roll_back_to_the_c
     assert len(manifests) == 2  # keep_last
     for path in manifests:
         path.write_bytes(b"\x00garbage")
-    capsys.readouterr()
-    code = main(["submit", str(recipe), "--jobs-dir", str(jobs), "--quiet"])
-    out, err = capsys.readouterr()
+    # as a user would: its own process, its exit code, what it prints
+    command = [sys.executable, "-m", "orchestrator", "submit", str(recipe), "--jobs-dir", str(jobs)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
+    out, err = done.stdout, done.stderr
     state = json.loads((folder / "state.json").read_text())["state"]
-    assert code == 1 and state["phase"] == "failed" and state["failure"]["cause"] == "checkpoint"
+    assert done.returncode == 1, err[-3000:]
+    assert state["phase"] == "failed" and state["failure"]["cause"] == "checkpoint"
     assert state["trained_steps"] == first.trained_steps  # nothing trained on a broken state
     assert f"why: checkpoint: no readable checkpoint at or before step {first.step}" in out
     assert "--from-scratch" in out and "Traceback" not in out + err

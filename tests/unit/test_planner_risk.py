@@ -5,6 +5,7 @@ of a stage lost at once)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -44,15 +45,15 @@ def test_without_notice_a_pipeline_without_replicas_pays_the_rollback(model):
     assert _live(silent, plan, every=500) < _live(silent, plan, every=50)
     # (a location lost at once comes without notice: left out here)
     calm = {"location_rate_per_hour": {"default": 0.0}}
-    noticed = RiskModel(**{**model.__dict__, **calm, "notice_s": {"default": 0.0, "gcp": 120.0}})
+    noticed = replace(model, **calm, notice_s={"default": 0.0, "gcp": 120.0})
     assert _live(noticed, plan, every=500) == _live(noticed, plan, every=50)
-    silent = RiskModel(**{**silent.__dict__, **calm})
+    silent = replace(silent, **calm)
     assert _live(noticed, plan, every=500) > _live(silent, plan, every=500)
 
 
 def test_a_notice_too_short_for_a_step_and_a_checkpoint_counts_as_none(model):
     plan = _plan([[A, B]])
-    short = RiskModel(**{**model.__dict__, "notice_s": {"default": 0.0, "gcp": 10.0}})
+    short = replace(model, notice_s={"default": 0.0, "gcp": 10.0})
     silent = model.for_provider("gcp", local_notice_s=0)
     assert _live(short, plan, every=500) == _live(silent, plan, every=500)
 
