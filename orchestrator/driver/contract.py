@@ -108,6 +108,10 @@ class Trainer(Protocol):
         ``restore_step`` can be read: the job never silently starts again from step 0.
         ``same_nodes``: each rank on the node it ran on last time (a re-balance)."""
 
+    def check_restorable(self, restore_step: int | None) -> None:
+        """JobBroken when no checkpoint at or before ``restore_step`` can be read: checked
+        before anything is rented or started."""
+
     def unreadable(self) -> tuple[str, ...]:
         """Why the checkpoints newer than the last start's were skipped, one line each."""
 

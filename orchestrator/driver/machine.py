@@ -195,6 +195,8 @@ class Driver(Guards, Moves):
     # -- phases -----------------------------------------------------------------------------------
 
     def _plan(self) -> Phase:
+        # nothing is rented for a job whose checkpoints are all unreadable (JobBroken)
+        self.trainer.check_restorable(self.state.checkpoint_step)
         before = self.session.choice.summary if self.session.choice else None
         held_only, self.session.held_only = self.session.held_only, False
         try:

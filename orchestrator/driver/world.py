@@ -266,6 +266,8 @@ class RuntimeTrainer:
         )
         self._sent, self._healthy, self._unreadable = {}, True, ()
         check_space(self.checkpoint_url, layout, self.recipe)  # a full disk: say so before training
+        # the checkpoints to restore from, checked before any worker starts
+        verified = self._verified(restore_step) if restore_step else []
         # named and detached: the workers outlive a driver that dies, which then takes them over
         name = f"{self.job}-w{uuid.uuid4().hex[:8]}"
         try:
@@ -280,7 +282,7 @@ class RuntimeTrainer:
         except ray.exceptions.RayError as error:
             self._healthy = False
             raise self._failure(error, "starting the workers") from None
-        return self._restore(restore_step)
+        return self._restore(verified, restore_step)
 
     def unreadable(self) -> tuple[str, ...]:
         return self._unreadable
@@ -341,28 +343,61 @@ class RuntimeTrainer:
         if swept:
             log.info("freed the workers an earlier driver left: %s", ", ".join(swept))
 
-    def _restore(self, restore_step: int | None) -> int:
-        """The committed step training resumes at: ``restore_step``, or an older complete
-        checkpoint when that one cannot be read (corrupt, truncated, unsigned, a file missing);
-        JobBroken when none can: the job never starts again from step 0 unless asked."""
-        import ray
+    def check_restorable(self, restore_step: int | None) -> None:
+        if restore_step:
+            self._verified(restore_step)
 
+    def _verified(self, restore_step: int) -> list[tuple[int, dict]]:
+        """The complete checkpoints before ``restore_step`` committed steps whose manifests
+        verify (signature, every object there with its size), newest first, as (step, manifest);
+        JobBroken when there is none. Checked in this process, before any worker starts."""
         from runtime import checkpoint
         from runtime.storage import StoreError, open_store
 
-        if not restore_step:
-            return 0
         store = open_store(self.checkpoint_url)
         found = checkpoint.steps(store, self.job)
         candidates = sorted(
             (s for s, done in found.items() if done and s < restore_step), reverse=True
         )
-        problems = []
+        good, problems = [], []  # (step, manifest), (step, why not)
         for trained in candidates:
             try:
                 manifest = checkpoint.verified_manifest(
                     store, self.job, trained, signing_key=self.signing_key
                 )
+            except (checkpoint.CheckpointError, StoreError) as error:
+                why = classify(error, doing=f"the checkpoint of step {trained + 1}").message
+                problems.append((trained, why))
+                continue
+            good.append((trained, manifest))
+        if not good:
+            raise self._none_readable(restore_step, store.url, [why for _, why in problems])
+        # what was skipped to get to the newest readable one (the driver's checkpoint_unreadable)
+        self._unreadable = tuple(why for trained, why in problems if trained > good[0][0])
+        return good
+
+    def _none_readable(self, restore_step: int, url: str, problems: list[str]) -> JobBroken:
+        return JobBroken(
+            "checkpoint",
+            f"no readable checkpoint at or before step {restore_step} in {url} under {self.job}/"
+            + (f": {'; '.join(problems)}" if problems else ": none was found"),
+            fix="restore the checkpoint files (or point checkpointing.path at them), or submit "
+            "again with --from-scratch to train from step 0 (the steps trained so far are lost)",
+        )
+
+    def _restore(self, verified: list[tuple[int, dict]], restore_step: int | None) -> int:
+        """Load the newest of the ``verified`` checkpoints into the workers (an older one when
+        a worker finds its object damaged): the committed step training resumes at."""
+        import ray
+
+        from runtime import checkpoint
+        from runtime.storage import StoreError
+
+        if not restore_step:
+            return 0
+        problems = list(self._unreadable)
+        for trained, manifest in verified:
+            try:
                 self.group.restore(self.checkpoint_url, self.job, trained, manifest=manifest)
                 self._unreadable = tuple(problems)
                 return trained + 1
@@ -373,14 +408,7 @@ class RuntimeTrainer:
                     raise WorkersLost(verdict.message) from None
                 log.warning("checkpoint of step %d unusable: %s", trained + 1, error)
                 problems.append(verdict.message)
-        where = f"{store.url} under {self.job}/"
-        raise JobBroken(
-            "checkpoint",
-            f"no readable checkpoint at or before step {restore_step} in {where}"
-            + (f": {'; '.join(problems)}" if problems else ": none was found"),
-            fix="restore the checkpoint files (or point checkpointing.path at them), or submit "
-            "again with --from-scratch to train from step 0 (the steps trained so far are lost)",
-        )
+        raise self._none_readable(restore_step, self.checkpoint_url, problems)
 
     def step(self, step: int) -> StepResult:
         import ray

@@ -3,7 +3,9 @@ them a whole location at once, one of them the node the driver itself runs on. T
 with the losses of the fault-free run, lose no committed step (a worker node's preemption comes with
 a notice, which the driver acts on before the node goes; when the driver's node goes, Ray restarts
 the driver elsewhere and it takes the running workers over) and log each preemption with its
-recovery time."""
+recovery time; ``status`` and the notebook handle then read the job as it ended. A pipeline
+without replicas that loses nodes without notice rolls back to its checkpoint, by as many steps as
+the event log says; with every checkpoint then damaged, submitting it again stops with the cause."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+import orchestrator
+from orchestrator.cli import main
 from tests.integration.jobs import fault_free_losses, submit_job
 
 REPO = Path(__file__).resolve().parents[2]
@@ -38,20 +42,28 @@ constraints:
 checkpointing: {{every_steps: 25, path: CHECKPOINTS, keep_last: 2}}
 runtime: {{allreduce: flat, link_emulation: false}}
 local_cloud:
-  preempt_at_steps: [20, 45, 150, 180]
+  preempt_at_steps: [45, 150, 180]   # and 20, from the command line (submit --preempt-at 20)
   preempt_location_at_steps: [165]   # both nodes of the job's location at once
   # the driver's own (controller) node; it dies a second after the notice, some steps later, and
   # its restart takes a few seconds: 80 steps of room before the next preemption
   preempt_driver_at_steps: [70]
-  notice_s: 1.0
+  notice_s: 5.0   # 1.0 from the command line (submit --notice-s 1.0)
 """
 
 
 @pytest.mark.integration
 def test_six_preemptions_one_a_whole_location_one_the_drivers_node_lose_nothing(tmp_path, capsys):
-    state = submit_job(RECIPE, tmp_path, "chaos")
+    state = submit_job(RECIPE, tmp_path, "chaos", "--preempt-at", "20", "--notice-s", "1.0")
     out = capsys.readouterr().out
     assert state["phase"] == "done" and state["step"] == STEPS, out
+    assert "final loss" in out
+    # followed as a user would: status and the notebook handle read the job's folder
+    assert main(["status", "chaos", "--jobs-dir", str(tmp_path / "jobs"), "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)["jobs"]
+    assert row["phase"] == "done" and row["step"] == f"{STEPS}/{STEPS}" and row["samples_per_s"] > 0
+    assert row["failure"] is None and row["recoveries"] == 5
+    metrics = orchestrator.job("chaos", jobs_dir=tmp_path / "jobs").metrics()
+    assert len(metrics) == STEPS and metrics["step"].iloc[-1] == STEPS  # nothing replayed
     events = [json.loads(line) for line in (tmp_path / "jobs/chaos/events.jsonl").open()]
     notices = [e for e in events if e["event"] == "preemption_notice"]
     moves = [e for e in events if e["event"] == "moving_off"]

@@ -45,7 +45,7 @@ def ray_cluster():
         yield ray
 
 
-def _plan(stages: int = 1, replicas: int = 2) -> dict:
+def _plan(stages: int = 1, replicas: int = 1) -> dict:
     layers = [(0, 3), (3, 6)] if stages == 2 else [(0, 6)]
     return Plan.from_pipelines(
         global_batch_size=4,
@@ -96,7 +96,7 @@ def test_overflowing_gradients_are_reported_not_finite(ray_cluster, tmp_path):
 @pytest.mark.integration
 def test_a_worker_killed_mid_run_is_a_loss(ray_cluster, tmp_path):
     trainer = _trainer(tmp_path)
-    trainer.start(_plan(stages=2, replicas=1), restore_step=None)
+    trainer.start(_plan(stages=2), restore_step=None)
     try:
         trainer.step(0)
         ray_cluster.kill(trainer.group.actors[1])
@@ -176,7 +176,7 @@ def _fill(disk: Path, *, leave_bytes: int) -> None:
 def test_a_full_disk_is_named_before_training_and_when_a_write_fails(
     ray_cluster, tmp_path, small_disk
 ):
-    # two workers' checkpoints, 3 kept and one being written: ~21 MB, more than is left
+    # a worker's checkpoints, 3 kept and one being written: ~10.6 MB, more than is left
     _fill(small_disk, leave_bytes=8 * 2**20)
     trainer = _trainer(tmp_path, url=str(small_disk / "checkpoints"))
     with pytest.raises(JobBroken) as caught:

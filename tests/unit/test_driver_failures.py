@@ -141,7 +141,8 @@ def test_no_readable_checkpoint_stops_instead_of_starting_again_from_zero(tmp_pa
     trainer = FakeTrainer(cloud, {12: corrupt_all_and_kill})
     state = make_driver(tmp_path, cloud, trainer).run()
     assert state.phase == "failed" and state.failure["cause"] == "checkpoint"
-    assert trainer.starts == [None, 10] and cloud.alive_nodes == {}
+    # found before the re-plan rented anything: no replacement launched, no worker started
+    assert trainer.starts == [None] and cloud.launched == 2 and cloud.alive_nodes == {}
 
 
 def test_an_unexpected_error_releases_the_nodes_before_it_is_reported(tmp_path):

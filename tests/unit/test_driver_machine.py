@@ -131,6 +131,7 @@ class FakeTrainer:
         self.attached: list[str] = []
         self.rescuable = False
         self.skipped: tuple[str, ...] = ()
+        self.checked: list[int | None] = []  # check_restorable's calls
 
     def start(self, plan: dict, *, restore_step: int | None, same_nodes: bool = False) -> int:
         self.starts.append(restore_step)
@@ -139,20 +140,26 @@ class FakeTrainer:
         self.cloud.workers[self.name] = list(self.nodes)  # they outlive this trainer's driver
         if restore_step is None:
             return 0
+        self.check_restorable(restore_step)
         good = [c for c in self.cloud.stored if c <= restore_step and c not in self.corrupt]
         self.skipped = tuple(
             f"step {c}: corrupt" for c in sorted(self.corrupt) if max(good, default=0) < c
         )
-        if not good:
+        return max(good)
+
+    def unreadable(self) -> tuple[str, ...]:
+        return self.skipped
+
+    def check_restorable(self, restore_step: int | None) -> None:
+        self.checked.append(restore_step)
+        if restore_step and not any(
+            c <= restore_step and c not in self.corrupt for c in self.cloud.stored
+        ):
             raise JobBroken(
                 "checkpoint",
                 f"no readable checkpoint at or before step {restore_step}",
                 fix="restore the store",
             )
-        return max(good)
-
-    def unreadable(self) -> tuple[str, ...]:
-        return self.skipped
 
     def step(self, step: int) -> StepResult:
         action = self.script.pop(step, None)
