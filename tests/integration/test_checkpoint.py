@@ -283,9 +283,27 @@ def _train(
         group.shutdown()
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(ray_cluster) -> list[float]:
+    """Steps 0..5 of the default layout without a pause: the losses every resume must continue."""
+    return _train(0, 5)
+
+
+@pytest.fixture(scope="module")
+def checkpoint_at_step_2(ray_cluster, tmp_path_factory) -> str:
+    """A folder with the default layout's checkpoint after step 2 (restores only read it)."""
+    folder = str(tmp_path_factory.mktemp("layouts") / "checkpoints")
+
+    def checkpoint_after_step_2(group, step: int) -> None:
+        if step == 2:
+            group.checkpoint(folder, JOB, step)
+
+    _train(0, 2, pause=checkpoint_after_step_2)
+    return folder
+
+
 @pytest.mark.integration
-def test_resume_continues_the_uninterrupted_losses_bit_for_bit(ray_cluster, tmp_path):
-    uninterrupted = _train(0, 5)
+def test_resume_continues_the_uninterrupted_losses_bit_for_bit(uninterrupted, tmp_path):
     folder, reports, pending = str(tmp_path / "checkpoints"), [], []
 
     def checkpoint_after_step_2(group, step: int) -> None:
@@ -317,17 +335,11 @@ def test_resume_continues_the_uninterrupted_losses_bit_for_bit(ray_cluster, tmp_
         (((0, 4), (4, 6)), (A2, A1)),  # another cut, the replicas swapped between places
     ],
 )
-def test_resume_into_another_layout_continues_the_losses(ray_cluster, tmp_path, layers, places):
+def test_resume_into_another_layout_continues_the_losses(
+    uninterrupted, checkpoint_at_step_2, layers, places
+):
     """After losing nodes the driver may re-plan to another split and replica count: each new
     stage takes its layers' weights and Adam state from the stages that held them."""
-    uninterrupted = _train(0, 5)
-    folder = str(tmp_path / "checkpoints")
-
-    def checkpoint_after_step_2(group, step: int) -> None:
-        if step == 2:
-            group.checkpoint(folder, JOB, step)
-
-    _train(0, 2, pause=checkpoint_after_step_2)
-    resumed = _train(3, 5, restore_from=folder, layout=_layout(layers, places))
+    resumed = _train(3, 5, restore_from=checkpoint_at_step_2, layout=_layout(layers, places))
     # the same math in another summation order (microbatches over other replicas and stages)
     assert resumed == pytest.approx(uninterrupted[3:], rel=1e-5)
