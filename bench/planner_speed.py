@@ -47,14 +47,15 @@ def market_row(zone: str, offer: str, gpus: int) -> str:
 def problem_recipe(
     folder: Path, name: str, model: str, rows: list[str], batch: int, microbatches: str
 ) -> tuple:
-    (folder / f"{name}.csv").write_text(",".join(OFFER_COLUMNS) + "\n" + "\n".join(rows) + "\n")
+    slug = name.replace("+", "-")  # a job name (orchestrator/names.py) and a file name
+    (folder / f"{slug}.csv").write_text(",".join(OFFER_COLUMNS) + "\n" + "\n".join(rows) + "\n")
     text = (
-        f"name: {name}\nprovider: gcp\nmarket: {name}.csv\nmodel: {{name: {model}, profile: sailor}}\n"
+        f"name: {slug}\nprovider: gcp\nmarket: {slug}.csv\nmodel: {{name: {model}, profile: sailor}}\n"
         f"training: {{global_batch_size: {batch}, microbatch_sizes: {microbatches}, steps: 100, precision: fp16-mixed,"
         f" optimizer: {{name: adam}}}}\nobjective: {{goal: max_throughput}}\n"
         f"parallelism: {{tensor_parallel: [1, 2, 4]}}\n"
     )
-    return name, parse_recipe(text, file=f"{name}.yaml", folder=folder, catalog=default_catalog())
+    return name, parse_recipe(text, file=f"{slug}.yaml", folder=folder, catalog=default_catalog())
 
 
 def problems(folder: Path) -> list[tuple[str, object, float]]:

@@ -1,0 +1,196 @@
+"""Simulated VMs as Linux network namespaces, wired to a simulated internet.
+
+Each job gets an "internet": a namespace ``geo+<job>+inet`` holding a bridge; each VM is a
+namespace ``geo+<job>+<vm>`` whose ``eth0`` (one end of a veth pair, the other end on the bridge)
+has a "public" address from TEST-NET-2 (198.51.100.0/24, documentation space, routed nowhere).
+Every interface is made inside the job's namespaces: nothing is added to the machine's own
+namespace, and no route or NAT leads from these namespaces to the machine's real interfaces.
+
+A VM's processes run under ``ip netns exec`` (its own network, the machine's files). Killing a VM
+kills every process in its namespace at once, then removes the namespace (its veth pair goes with
+it): a spot VM that vanishes. ``sweep(job)`` removes whatever a job left, also after a crash; names
+start with the job's slug, so one job's sweep never touches another's. Needs root (CAP_NET_ADMIN
+and CAP_SYS_ADMIN); ``unsupported_reason()`` says why not where it cannot run.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import shutil
+import signal
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from provisioners.commands import CommandError, run_command
+
+log = logging.getLogger(__name__)
+
+PUBLIC_NETWORK = ipaddress.ip_network("198.51.100.0/24")  # TEST-NET-2
+BRIDGE = "inet0"
+PREFIX = "geo+"  # then the job, "+", the VM: "+" is not in a job slug, so no job prefixes another
+KILL_WAIT_S = 5.0
+NETNS_DIR = Path("/run/netns")
+
+
+class NetnsError(CommandError):
+    """A namespace command failed; the message names it."""
+
+
+@dataclass(frozen=True)
+class Vm:
+    name: str
+    netns: str
+    public_ip: str
+
+
+def unsupported_reason() -> str | None:
+    """None where namespace VMs can run here; else why not (shown to the user)."""
+    if os.geteuid() != 0:
+        return "not running as root (network namespaces need CAP_NET_ADMIN)"
+    missing = [tool for tool in ("ip", "wg", "wireguard-go") if shutil.which(tool) is None]
+    if missing:
+        return f"{', '.join(missing)} not installed (apt install iproute2 wireguard-tools wireguard-go)"
+    return None
+
+
+def _ip(*args: str) -> str:
+    return run_command(["ip", *args], error=NetnsError, install_hint="install iproute2")
+
+
+def namespaces() -> list[str]:
+    return [line.split()[0] for line in _ip("netns", "list").splitlines() if line.strip()]
+
+
+class Internet:
+    """A job's simulated internet and its VMs."""
+
+    def __init__(self, job: str) -> None:
+        self.job = job
+        self.netns = f"{PREFIX}{job}+inet"
+        self._hosts = PUBLIC_NETWORK.hosts()
+        self._ports = 0
+        self.vms: dict[str, Vm] = {}
+
+    def create(self) -> None:
+        sweep(self.job)  # what a crashed run of this job left
+        _ip("netns", "add", self.netns)
+        _ip("-n", self.netns, "link", "add", BRIDGE, "type", "bridge")
+        _ip("-n", self.netns, "link", "set", BRIDGE, "up")
+
+    def add_vm(self, name: str) -> Vm:
+        """A new VM namespace with its public address on the bridge, loopback up."""
+        vm = Vm(name=name, netns=f"{PREFIX}{self.job}+{name}", public_ip=str(next(self._hosts)))
+        self._ports += 1
+        port = f"p{self._ports}"  # the bridge's side, a name inside the internet namespace only
+        _ip("netns", "add", vm.netns)
+        try:
+            _ip(
+                "-n",
+                vm.netns,
+                "link",
+                "add",
+                "eth0",
+                "type",
+                "veth",
+                "peer",
+                "name",
+                port,
+                "netns",
+                self.netns,
+            )
+            _ip("-n", self.netns, "link", "set", port, "master", BRIDGE, "up")
+            _ip(
+                "-n",
+                vm.netns,
+                "address",
+                "add",
+                f"{vm.public_ip}/{PUBLIC_NETWORK.prefixlen}",
+                "dev",
+                "eth0",
+            )
+            _ip("-n", vm.netns, "link", "set", "eth0", "up")
+            _ip("-n", vm.netns, "link", "set", "lo", "up")
+        except NetnsError:
+            remove_namespace(vm.netns)
+            raise
+        self.vms[name] = vm
+        return vm
+
+    def popen(self, vm: Vm, argv: list[str], *, log_file: Path, env: dict | None = None):
+        """Start ``argv`` inside ``vm`` (a session of its own), output appended to ``log_file``."""
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_file, "ab") as out:
+            return subprocess.Popen(
+                ["ip", "netns", "exec", vm.netns, *argv],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env=env,
+            )
+
+    def kill_vm(self, name: str) -> None:
+        vm = self.vms.pop(name, None)
+        if vm is not None:
+            remove_namespace(vm.netns)
+
+    def close(self) -> None:
+        sweep(self.job)
+        self.vms.clear()
+
+
+def remove_namespace(netns: str) -> None:
+    """Kill every process in ``netns``, wait for them, delete the namespace (idempotent)."""
+    if not (NETNS_DIR / netns).exists():
+        return
+    pids = [int(p) for p in _ip("netns", "pids", netns).split()]
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for pid in pids:
+        _wait_gone(pid)
+    _ip("netns", "delete", netns)
+    _remove_stale_wireguard_sockets()
+
+
+def _wait_gone(pid: int) -> None:
+    """Block until ``pid`` is gone (a pidfd is readable when the process exits)."""
+    import select
+
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return
+    try:
+        select.select([fd], [], [], KILL_WAIT_S)
+    finally:
+        os.close(fd)
+
+
+def _remove_stale_wireguard_sockets() -> None:
+    """wireguard-go's control sockets whose daemon is gone (they block a restart by that name)."""
+    import socket
+
+    folder = Path("/var/run/wireguard")
+    for path in folder.glob("gw*.sock") if folder.exists() else ():
+        with socket.socket(socket.AF_UNIX) as sock:
+            try:
+                sock.connect(str(path))
+            except ConnectionRefusedError:
+                path.unlink(missing_ok=True)
+            except OSError:
+                continue
+
+
+def sweep(job: str) -> list[str]:
+    """Remove every namespace of ``job`` (VMs first, its internet last); the names removed."""
+    mine = [n for n in namespaces() if n.startswith(f"{PREFIX}{job}+")]
+    mine.sort(key=lambda n: n.endswith("+inet"))
+    for netns in mine:
+        remove_namespace(netns)
+    return mine
