@@ -19,11 +19,18 @@ def run_command(
     input_text: str | None = None,
     timeout_s: float = COMMAND_TIMEOUT_S,
     install_hint: str = "",
+    env: dict[str, str] | None = None,
 ) -> str:
     """The command's stdout; ``error`` (a CommandError subclass) when it fails."""
     try:
         done = subprocess.run(
-            args, input=input_text, capture_output=True, text=True, timeout=timeout_s, check=False
+            args,
+            input=input_text,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            check=False,
         )
     except FileNotFoundError:
         raise error(f"{args[0]} not found{'; ' + install_hint if install_hint else ''}") from None

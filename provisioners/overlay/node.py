@@ -58,7 +58,7 @@ def join(
     state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     interface = wg.Interface(wg.interface_name(token.job, token.node))
     ephemeral = state_dir / "ephemeral.key"
-    _write_secret(ephemeral, token.ephemeral_private_key)
+    wg.write_secret(ephemeral, token.ephemeral_private_key)
     interface.create()
     try:
         interface.configure(private_key_file=ephemeral, listen_port=listen_port)
@@ -143,14 +143,6 @@ def apply_peers(interface: wg.Interface, listed: list[dict], *, keep: set[str]) 
 
 def load(state_dir: Path) -> Joined:
     return Joined(**json.loads((state_dir / NODE_FILE).read_text()))
-
-
-def _write_secret(path: Path, text: str) -> None:
-    import os
-
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

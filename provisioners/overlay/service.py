@@ -287,6 +287,7 @@ def serve(args: argparse.Namespace) -> int:
         "pid": os.getpid(),
     }
     (state / INFO_FILE).write_text(json.dumps(info, indent=1) + "\n")
+    print(json.dumps(info), flush=True)  # one line on stdout: ready (the bootstrap waits on it)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())  # a VM's shutdown: leave no interface
     try:

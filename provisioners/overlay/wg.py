@@ -17,7 +17,6 @@ import hashlib
 import logging
 import os
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,7 +24,6 @@ from provisioners.commands import CommandError, run_command
 
 log = logging.getLogger(__name__)
 
-COMMAND_TIMEOUT_S = 10.0  # wireguard-go's start
 UAPI_DIR = Path("/var/run/wireguard")
 MAX_NAME = 15  # Linux interface names
 
@@ -66,12 +64,6 @@ def interface_name(job: str, node: str) -> str:
     return ("gw" + digest)[:MAX_NAME]
 
 
-def tools_missing() -> list[str]:
-    """The programs this module needs that are not on PATH (``wireguard-go`` counts only where
-    the kernel module is absent, which is found out when an interface is made)."""
-    return [tool for tool in ("ip", "wg") if shutil.which(tool) is None]
-
-
 def run(args: list[str], *, input_text: str | None = None) -> str:
     """Run one command; OverlayError with its stderr when it fails."""
     return run_command(
@@ -83,14 +75,18 @@ def run(args: list[str], *, input_text: str | None = None) -> str:
 
 
 def generate_key(path: Path) -> str:
-    """Make a private key in ``path`` (mode 0600, made so before anything is written) and return
-    its public key."""
+    """Make a private key in ``path`` (mode 0600) and return its public key."""
     private = run(["wg", "genkey"]).strip()
+    write_secret(path, private)
+    return public_key(private)
+
+
+def write_secret(path: Path, text: str) -> None:
+    """``text`` into ``path``, a file of mode 0600 from the moment it exists."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as handle:
-        handle.write(private + "\n")
-    return public_key(private)
+        handle.write(text + "\n")
 
 
 def public_key(private: str) -> str:
@@ -115,18 +111,7 @@ class Interface:
                     "no WireGuard kernel module and no wireguard-go; install wireguard-go"
                 ) from None
             env = {**os.environ, "WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD": "1"}
-            done = subprocess.run(
-                ["wireguard-go", self.name],
-                capture_output=True,
-                text=True,
-                timeout=COMMAND_TIMEOUT_S,
-                env=env,
-                check=False,
-            )
-            if done.returncode != 0:
-                raise OverlayError(
-                    f"wireguard-go {self.name} failed: {done.stderr.strip()[-400:]}"
-                ) from None
+            run_command(["wireguard-go", self.name], error=OverlayError, env=env)
             self.userspace = True
 
     def configure(self, *, private_key_file: Path, listen_port: int | None = None) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import select
 import subprocess
 import sys
 import time
@@ -40,13 +41,21 @@ def _python(internet, vm, code_or_args, *, log, wait=True, timeout_s=60):
     return process
 
 
-def _wait_for(path: Path, process, timeout_s: float = 30.0) -> None:
-    """The daemon writes ``path`` when ready; give up when it exits first or time runs out."""
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert process.poll() is None, f"the daemon exited: {process.args}"
-        assert time.monotonic() < deadline, f"{path} not written in {timeout_s} s"
-        time.sleep(0.05)  # polling a file another process writes; no event to wait on
+def _start_daemon(vm, args: list[str], *, log: Path, timeout_s: float = 30.0):
+    """Start ``python args`` in ``vm``; return the process and the first line it prints, which
+    it prints when ready (its stderr goes to ``log``)."""
+    with open(log, "ab") as err:
+        process = subprocess.Popen(
+            ["ip", "netns", "exec", vm.netns, sys.executable, *args],
+            stdout=subprocess.PIPE,
+            stderr=err,
+            env={"PYTHONPATH": str(REPO), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+            start_new_session=True,
+        )
+    ready, _, _ = select.select([process.stdout], [], [], timeout_s)
+    line = process.stdout.readline() if ready else b""
+    assert line, f"{args[:2]} not ready in {timeout_s} s: {log.read_text()[-2000:]}"
+    return process, line.decode()
 
 
 @pytest.fixture
@@ -81,13 +90,10 @@ def _join(internet, vm, token: str, folder: Path, *, expect_ok=True):
 def _tcp_echo(internet, server, client, ip: str, folder: Path) -> bytes:
     code = (
         "import socket,sys;s=socket.socket();s.setsockopt(socket.SOL_SOCKET,socket.SO_REUSEADDR,1);"
-        f"s.bind(('{ip}',7000));s.listen();open('{folder}/listening','w').close();"
+        f"s.bind(('{ip}',7000));s.listen();print('listening',flush=True);"
         "c,_=s.accept();c.sendall(c.recv(100).upper())"
     )
-    listening = folder / "listening"
-    listening.unlink(missing_ok=True)
-    server_process = _python(internet, server, ["-c", code], log=folder / "echo.log", wait=False)
-    _wait_for(listening, server_process)
+    server_process, _ = _start_daemon(server, ["-c", code], log=folder / "echo.log")
     out = folder / "reply"
     client_code = (
         f"import socket;s=socket.create_connection(('{ip}',7000),timeout=10);"
@@ -102,28 +108,13 @@ def _tcp_echo(internet, server, client, ip: str, folder: Path) -> bytes:
 def test_nodes_join_with_tokens_and_talk_only_through_wireguard(internet, tmp_path):
     controller, a, b, intruder = (internet.add_vm(n) for n in ("ctl", "a", "b", "x"))
     state = tmp_path / "ctl"
-    service = _python(
-        internet,
-        controller,
-        [
-            "-m",
-            "provisioners.overlay.service",
-            "--job",
-            JOB,
-            "--public-ip",
-            controller.public_ip,
-            "--interface",
-            "gwtestctl",
-            "--state-dir",
-            str(state),
-        ],
-        log=tmp_path / "ctl.log",
-        wait=False,
-    )
+    args = ["-m", "provisioners.overlay.service", "--job", JOB, "--public-ip"]
+    args += [controller.public_ip, "--interface", "gwtestctl", "--state-dir", str(state)]
+    service, ready = _start_daemon(controller, args, log=tmp_path / "ctl.log")
     dump = None
     try:
-        _wait_for(state / INFO_FILE, service)
-        info = json.loads((state / INFO_FILE).read_text())
+        info = json.loads(ready)
+        assert info == json.loads((state / INFO_FILE).read_text())
         assert (state / "admin.sock").stat().st_mode & 0o077 == 0  # the owner only
         capture = tmp_path / "bridge.pcap"
         dump = subprocess.Popen(
