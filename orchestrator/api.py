@@ -121,15 +121,22 @@ def submit(
     jobs_dir: str | Path = JOBS_DIR,
     wait: bool = True,
     preempt_at: tuple[int, ...] = (),
+    vms: str | None = None,
 ) -> Job:
-    """Run ``recipe`` on the local simulated cloud (as ``python -m orchestrator submit``)."""
+    """Run ``recipe`` on the local simulated cloud (as ``python -m orchestrator submit``);
+    ``vms``: what a simulated VM is (default: the recipe's ``local_cloud.vms``; a job started
+    with ``wait=False`` runs in a thread, where VMs are processes)."""
     from orchestrator.catalog import default_catalog
     from orchestrator.recipe import load_recipe
 
     catalog, path = default_catalog(), Path(recipe)
     loaded = load_recipe(path, catalog=catalog)
     handle = Job(loaded.name, jobs_dir=Path(jobs_dir))  # always a valid name (checks.py)
-    options = RunOptions(jobs_dir=Path(jobs_dir), preempt_at=tuple(preempt_at))
+    options = RunOptions(
+        jobs_dir=Path(jobs_dir),
+        preempt_at=tuple(preempt_at),
+        vms=vms if wait else "processes",
+    )
     if wait:
         run_job(path, catalog, options)
         return handle

@@ -71,6 +71,12 @@ def add_submit(commands: argparse._SubParsersAction, formatter: type) -> None:
         action="store_true",
         help="start the job again from step 0, ignoring its state and checkpoints",
     )
+    p.add_argument(
+        "--vms",
+        choices=["auto", "namespaces", "processes"],
+        default=None,
+        help="what a local cloud VM is [the recipe's local_cloud.vms]",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(run=run_submit)
 
@@ -85,6 +91,7 @@ def run_submit(args: argparse.Namespace, catalog: Catalog) -> int:
         notice_s=args.notice_s,
         on_step=progress.show,
         from_scratch=args.from_scratch,
+        vms=args.vms,
     )
     try:
         result = run_job(args.recipe, catalog, options)

@@ -63,6 +63,7 @@ class RunOptions:
     on_step: Callable[[JobState, StepResult], None] | None = None
     # start the job again from step 0 even if it has state (its checkpoints are then unused)
     from_scratch: bool = False
+    vms: str | None = None  # None: the recipe's local_cloud.vms
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ def _run_locked(recipe: Recipe, recipe_path: Path, folder: Path, options: RunOpt
         notice_s=notice_s,
         slow_nodes=local.slow_nodes,
         slowdown=local.slowdown,
+        cluster=_local_vms(recipe, recipe_path, folder, options.vms or local.vms),
     )
     started = time.monotonic()
     try:
@@ -163,6 +165,39 @@ def _run_locked(recipe: Recipe, recipe_path: Path, folder: Path, options: RunOpt
     finally:
         provisioner.close()
     return RunResult(final, folder, time.monotonic() - started, choice)
+
+
+def _local_vms(recipe: Recipe, recipe_path: Path, folder: Path, wanted: str):
+    """The local cloud's VMs: network namespaces booted by the node bootstrap where this machine
+    allows them (``auto``, ``namespaces``), else Ray nodes on this machine's network; says which."""
+    from provisioners.local.cluster import LocalCluster
+
+    if wanted != "processes":
+        from provisioners.local import vms
+
+        reason = vms.unsupported_reason()
+        if reason is None and threading.current_thread() is not threading.main_thread():
+            reason = "the job runs outside the main thread, which alone can enter a VM's network"
+        if reason is None:
+            print(
+                "local cloud: each VM is a network namespace on a simulated internet, booted by "
+                "the node bootstrap and joined over WireGuard",
+                file=sys.stderr,
+            )
+            return vms.NamespaceCluster(
+                job=folder.name, folder=folder / "vms", grace_s=recipe.recovery.controller_grace_s
+            )
+        if wanted == "namespaces":
+            raise UserError(
+                f"namespace VMs cannot run here: {reason}",
+                file=str(recipe_path),
+                field="local_cloud.vms",
+                fix="run as root with the tools named, or write vms: processes",
+            )
+        print(f"local cloud: each VM is a process on this machine ({reason})", file=sys.stderr)
+    else:
+        print("local cloud: each VM is a process on this machine (vms: processes)", file=sys.stderr)
+    return LocalCluster()
 
 
 def _check_credentials(provider: str, recipe_path: Path) -> None:

@@ -532,6 +532,7 @@ def _check_recovery(c: Checker) -> None:
     if r.max_attempts < 1:
         c.error(path + ("max_attempts",), f"must be >= 1, got {r.max_attempts}", "write e.g. 10")
     c.positive(path + ("max_seconds",), r.max_seconds)
+    c.positive(path + ("controller_grace_s",), r.controller_grace_s)
     c.positive(path + ("backoff_s",), r.backoff_s, allow_zero=True)
     if r.max_backoff_s < r.backoff_s:
         c.error(

@@ -188,6 +188,12 @@ class RecoveryConfig:
     max_backoff_s: float = _help(
         "the longest wait between attempts (>= backoff_s)", default=60.0, most=L.MAX_BACKOFF_S
     )
+    controller_grace_s: float = _help(
+        "a node whose controller has not answered for this long shuts itself down (the "
+        "dead-man switch; > 0)",
+        default=300.0,
+        most=L.MAX_BACKOFF_S,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,6 +247,12 @@ class LocalCloudConfig:
     )
     slowdown: float = _help(
         "how much slower a slow node computes (> 1)", default=2.0, most=L.MAX_SLOWDOWN
+    )
+    vms: Literal["auto", "namespaces", "processes"] = _help(
+        "what a simulated VM is: namespaces (a network namespace booted by the node bootstrap, "
+        "joined over WireGuard; needs root, iproute2, nftables, wireguard-go, wireguard-tools), "
+        "processes (Ray nodes on this machine's network) or auto (namespaces where they work)",
+        default="auto",
     )
 
 

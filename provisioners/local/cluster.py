@@ -79,7 +79,31 @@ class NodeSpec:
         return labels
 
 
-class LocalCluster:
+class ClusterNodes:
+    """What both kinds of local VMs (these processes, vms.py's namespaces) answer the same way:
+    subclasses set ``_cluster`` (the head, once started), ``_nodes`` (node id -> their record)
+    and ``address``."""
+
+    _cluster = None
+    _nodes: dict
+
+    address: str
+
+    def drain_for_preemption(self, node_id: str, *, deadline_s: float, message: str) -> bool:
+        """Tell the GCS the node will be preempted at ``deadline_s`` (Unix s); True if accepted."""
+        return drain_for_preemption(self.address, node_id, deadline_s=deadline_s, message=message)
+
+    def alive(self) -> set[str]:
+        """Ids of the worker nodes the GCS considers alive."""
+        if self._cluster is None:
+            return set()
+        return set(alive_nodes(self.address)) & set(self._nodes)
+
+    def owns(self, node_id: str) -> bool:
+        return node_id in self._nodes
+
+
+class LocalCluster(ClusterNodes):
     """Starts the head on first use; adds, drains and kills worker nodes."""
 
     def __init__(self, *, head_cpus: int = 1, dies_with_owner: bool = True) -> None:
@@ -134,22 +158,6 @@ class LocalCluster:
         self._nodes[node.node_id] = node
         return node.node_id
 
-    def drain_for_preemption(self, node_id: str, *, deadline_s: float, message: str) -> bool:
-        """Tell the GCS the node will be preempted at ``deadline_s`` (Unix s); True if accepted."""
-        import ray._raylet
-        from ray.core.generated import autoscaler_pb2
-
-        client = ray._raylet.GcsClient(address=self.address)
-        accepted, why = client.drain_node(
-            node_id,
-            autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-            message,
-            int(deadline_s * 1000),
-        )
-        if not accepted:
-            log.warning("local cloud: drain of %s refused: %s", node_id, why)
-        return bool(accepted)
-
     def kill(self, node_id: str) -> None:
         """Kill every process of the node at once (no graceful shutdown: a VM that vanishes)."""
         node = self._nodes.pop(node_id, None)
@@ -161,24 +169,6 @@ class LocalCluster:
             roots = {process.pid for _, process in node.live_processes()}
             reaper.kill_all(lambda table: roots)
         self._started().remove_node(node, allow_graceful=False)  # Ray's books; reaps the raylet
-
-    def alive(self) -> set[str]:
-        """Ids of the worker nodes the GCS considers alive."""
-        if self._cluster is None:
-            return set()
-        import ray._raylet
-        from ray.core.generated import gcs_pb2
-
-        client = ray._raylet.GcsClient(address=self.address)
-        infos = client.get_all_node_info(timeout=10)
-        return {
-            node_id.hex()
-            for node_id, info in infos.items()
-            if info.state == gcs_pb2.GcsNodeInfo.ALIVE and node_id.hex() in self._nodes
-        }
-
-    def owns(self, node_id: str) -> bool:
-        return node_id in self._nodes
 
     def shutdown(self) -> None:
         """Stop every node (gracefully, as Ray does), then let the reaper sweep what is left."""
@@ -195,8 +185,40 @@ class LocalCluster:
             self._reaper = None
 
 
-def _start_head(session: str, cpus: int):
-    """A ``ray.cluster_utils.Cluster`` with its head node started, in Ray session ``session``."""
+def drain_for_preemption(address: str, node_id: str, *, deadline_s: float, message: str) -> bool:
+    """Tell the GCS at ``address`` the node will be preempted at ``deadline_s`` (Unix s)."""
+    import ray._raylet
+    from ray.core.generated import autoscaler_pb2
+
+    client = ray._raylet.GcsClient(address=address)
+    accepted, why = client.drain_node(
+        node_id,
+        autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+        message,
+        int(deadline_s * 1000),
+    )
+    if not accepted:
+        log.warning("local cloud: drain of %s refused: %s", node_id, why)
+    return bool(accepted)
+
+
+def alive_nodes(address: str, *, label: str | None = None) -> dict[str, str]:
+    """The nodes the GCS at ``address`` considers alive: id -> the value of ``label`` (or "")."""
+    import ray._raylet
+    from ray.core.generated import gcs_pb2
+
+    client = ray._raylet.GcsClient(address=address)
+    infos = client.get_all_node_info(timeout=10)
+    return {
+        node_id.hex(): (info.labels.get(label, "") if label else "")
+        for node_id, info in infos.items()
+        if info.state == gcs_pb2.GcsNodeInfo.ALIVE
+    }
+
+
+def _start_head(session: str, cpus: int, *, node_ip: str | None = None):
+    """A ``ray.cluster_utils.Cluster`` with its head node started, in Ray session ``session``
+    (listening on ``node_ip`` where given: a namespace VM's overlay address)."""
     import ray.cluster_utils
 
     # why: Ray 2.60 turns token auth on by default; a local test cluster has no tokens
@@ -212,6 +234,7 @@ def _start_head(session: str, cpus: int):
             "include_dashboard": False,
             "_system_config": dict(HEALTH_CHECK),
             "session_name": session,
+            **({"node_ip_address": node_ip} if node_ip else {}),
         },
         # Ray's hooks: a SIGTERM handler (main thread only) and kernel fate-sharing, which
         # would kill raylets before the reaper sees their children (reaper.py)

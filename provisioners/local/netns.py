@@ -19,20 +19,19 @@ import ipaddress
 import logging
 import os
 import shutil
-import signal
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from provisioners.commands import CommandError, run_command
+from provisioners.local import reaper
 
 log = logging.getLogger(__name__)
 
 PUBLIC_NETWORK = ipaddress.ip_network("198.51.100.0/24")  # TEST-NET-2
 BRIDGE = "inet0"
 PREFIX = "geo+"  # then the job, "+", the VM: "+" is not in a job slug, so no job prefixes another
-KILL_WAIT_S = 5.0
-NETNS_DIR = Path("/run/netns")
 
 
 class NetnsError(CommandError):
@@ -50,9 +49,13 @@ def unsupported_reason() -> str | None:
     """None where namespace VMs can run here; else why not (shown to the user)."""
     if os.geteuid() != 0:
         return "not running as root (network namespaces need CAP_NET_ADMIN)"
-    missing = [tool for tool in ("ip", "wg", "wireguard-go") if shutil.which(tool) is None]
+    tools = ("ip", "wg", "wireguard-go", "nft")
+    missing = [tool for tool in tools if shutil.which(tool) is None]
     if missing:
-        return f"{', '.join(missing)} not installed (apt install iproute2 wireguard-tools wireguard-go)"
+        return (
+            f"{', '.join(missing)} not installed "
+            "(apt install iproute2 wireguard-tools wireguard-go nftables)"
+        )
     return None
 
 
@@ -119,14 +122,23 @@ class Internet:
         self.vms[name] = vm
         return vm
 
-    def popen(self, vm: Vm, argv: list[str], *, log_file: Path, env: dict | None = None):
-        """Start ``argv`` inside ``vm`` (a session of its own), output appended to ``log_file``."""
+    def popen(
+        self,
+        vm: Vm,
+        argv: list[str],
+        *,
+        log_file: Path,
+        env: dict | None = None,
+        stdout_pipe: bool = False,
+    ):
+        """Start ``argv`` inside ``vm`` (a session of its own), output appended to ``log_file``
+        (stdout to a pipe instead with ``stdout_pipe``)."""
         log_file.parent.mkdir(parents=True, exist_ok=True)
         with open(log_file, "ab") as out:
             return subprocess.Popen(
                 ["ip", "netns", "exec", vm.netns, *argv],
-                stdout=out,
-                stderr=subprocess.STDOUT,
+                stdout=subprocess.PIPE if stdout_pipe else out,
+                stderr=out if stdout_pipe else subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
                 env=env,
@@ -142,55 +154,79 @@ class Internet:
         self.vms.clear()
 
 
+def run_in(vm: Vm, argv: list[str], *, input_text: str | None = None) -> str:
+    """Run ``argv`` inside ``vm`` to its end; its stdout."""
+    return run_command(
+        ["ip", "netns", "exec", vm.netns, *argv], error=NetnsError, input_text=input_text
+    )
+
+
 def remove_namespace(netns: str) -> None:
     """Kill every process in ``netns``, wait for them, delete the namespace (idempotent)."""
-    if not (NETNS_DIR / netns).exists():
-        return
-    pids = [int(p) for p in _ip("netns", "pids", netns).split()]
-    for pid in pids:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    for pid in pids:
-        _wait_gone(pid)
-    _ip("netns", "delete", netns)
-    _remove_stale_wireguard_sockets()
-
-
-def _wait_gone(pid: int) -> None:
-    """Block until ``pid`` is gone (a pidfd is readable when the process exits)."""
-    import select
-
-    try:
-        fd = os.pidfd_open(pid)
-    except ProcessLookupError:
-        return
-    try:
-        select.select([fd], [], [], KILL_WAIT_S)
-    finally:
-        os.close(fd)
-
-
-def _remove_stale_wireguard_sockets() -> None:
-    """wireguard-go's control sockets whose daemon is gone (they block a restart by that name)."""
-    import socket
-
-    folder = Path("/var/run/wireguard")
-    for path in folder.glob("gw*.sock") if folder.exists() else ():
-        with socket.socket(socket.AF_UNIX) as sock:
-            try:
-                sock.connect(str(path))
-            except ConnectionRefusedError:
-                path.unlink(missing_ok=True)
-            except OSError:
-                continue
+    reaper.remove_namespace(netns)
 
 
 def sweep(job: str) -> list[str]:
     """Remove every namespace of ``job`` (VMs first, its internet last); the names removed."""
-    mine = [n for n in namespaces() if n.startswith(f"{PREFIX}{job}+")]
-    mine.sort(key=lambda n: n.endswith("+inet"))
-    for netns in mine:
-        remove_namespace(netns)
-    return mine
+    return reaper.sweep_namespaces(prefix(job))
+
+
+def prefix(job: str) -> str:
+    """What every namespace of ``job`` is named with first."""
+    return f"{PREFIX}{job}+"
+
+
+CLONE_NEWNET = 0x40000000
+
+
+def _setns(fd: int) -> None:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        raise NetnsError(f"setns failed: {os.strerror(ctypes.get_errno())}")
+
+
+class Entered:
+    """This thread (the main one: threads and processes it starts later follow it) inside a VM's
+    network, until ``leave``: how the local cloud's controller VM runs the Ray head and the
+    cloud's API in the submitting process."""
+
+    def __init__(self, netns: str) -> None:
+        import threading
+
+        assert threading.current_thread() is threading.main_thread(), "enter from the main thread"
+        self._home = os.open("/proc/self/ns/net", os.O_RDONLY)
+        target = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+        try:
+            _setns(target)
+        finally:
+            os.close(target)
+
+    def leave(self) -> None:
+        if self._home >= 0:
+            try:
+                _setns(self._home)
+            finally:
+                os.close(self._home)
+                self._home = -1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m provisioners.local.netns halt NETNS``: a namespace VM shuts itself down (its
+    watcher's dead-man switch runs this inside it)."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
+    parser.add_argument("command", choices=["halt"])
+    parser.add_argument("netns")
+    args = parser.parse_args(argv)
+    if not args.netns.startswith(PREFIX):
+        print(f"not a simulated VM: {args.netns}", file=sys.stderr)
+        return 2
+    remove_namespace(args.netns)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

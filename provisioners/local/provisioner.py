@@ -114,11 +114,14 @@ class LocalProvisioner(Provisioner):
                     started.append(self._start_node(request, offer, i))
             except (TimeoutError, RuntimeError, OSError) as error:
                 self._undo(started)
+                log_file = getattr(error, "log_file", None)  # a VM's bootstrap failed
                 raise CloudCallError(
                     f"node {len(started) + 1} of {request.count} did not start: {error}",
                     cloud=self.cloud,
                     call="launch",
-                    fix="check free memory and CPU on this machine (each node is a Ray raylet)",
+                    fix=f"read the node's bootstrap log {log_file}"
+                    if log_file
+                    else "check free memory and CPU on this machine (each node is a Ray raylet)",
                 ) from None
             for node in started:
                 self._events.put(NodeReady(node=node))

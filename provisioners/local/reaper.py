@@ -191,6 +191,52 @@ def _wait_exited(fds: Iterable[int], timeout_s: float) -> None:
             waiting.discard(fd)
 
 
+NETNS_DIR = Path("/run/netns")
+WIREGUARD_SOCKETS = Path("/var/run/wireguard")
+
+
+def namespace_pids(netns: str) -> set[int]:
+    """The processes in network namespace ``netns`` (none when it is gone)."""
+    done = subprocess.run(
+        ["ip", "netns", "pids", netns], capture_output=True, text=True, timeout=10, check=False
+    )
+    return {int(p) for p in done.stdout.split() if p.isdigit()}
+
+
+def remove_namespace(netns: str) -> bool:
+    """Kill every process in ``netns`` (as ``kill_all`` does: frozen first, then all at once),
+    delete the namespace and the control sockets wireguard-go left; False if it was not there."""
+    if not (NETNS_DIR / netns).exists():
+        return False
+    kill_all(lambda table: namespace_pids(netns) & table.keys())
+    subprocess.run(["ip", "netns", "delete", netns], capture_output=True, timeout=10, check=False)
+    _remove_stale_wireguard_sockets()
+    return True
+
+
+def sweep_namespaces(prefix: str) -> list[str]:
+    """Remove every namespace whose name starts with ``prefix`` (its "+inet" last)."""
+    names = sorted(
+        (p.name for p in NETNS_DIR.glob("*") if p.name.startswith(prefix)),
+        key=lambda name: (name.endswith("+inet"), name),
+    )
+    return [name for name in names if remove_namespace(name)]
+
+
+def _remove_stale_wireguard_sockets() -> None:
+    """wireguard-go's control sockets whose daemon is gone (they block a restart by that name)."""
+    import socket
+
+    for path in WIREGUARD_SOCKETS.glob("gw*.sock") if WIREGUARD_SOCKETS.exists() else ():
+        with socket.socket(socket.AF_UNIX) as sock:
+            try:
+                sock.connect(str(path))
+            except ConnectionRefusedError:
+                path.unlink(missing_ok=True)
+            except OSError:
+                continue
+
+
 def supported() -> bool:
     """Whether this system has what the reaper needs (/proc and pidfds)."""
     return sys.platform.startswith("linux") and hasattr(os, "pidfd_open")
@@ -204,9 +250,10 @@ class Reaper:
         self.process, self._write_fd = process, write_fd
 
     @classmethod
-    def start(cls, session: str) -> Reaper | None:
-        """A reaper for Ray session ``session`` (a name, ``session_<date>_<pid>``); None where
-        this system has no pidfds (the cluster then dies with its owner only on a normal exit)."""
+    def start(cls, session: str, *, netns_prefix: str | None = None) -> Reaper | None:
+        """A reaper for Ray session ``session`` (a name, ``session_<date>_<pid>``) and, with
+        ``netns_prefix``, the network namespaces of the job's VMs; None where this system has no
+        pidfds (the cluster then dies with its owner only on a normal exit)."""
         if not supported():
             log.warning("local cloud: no reaper on %s: nodes may outlive a crash", sys.platform)
             return None
@@ -214,7 +261,8 @@ class Reaper:
         try:
             process = subprocess.Popen(
                 [sys.executable, "-I", str(Path(__file__).resolve()), "--session", session]
-                + ["--owner", str(os.getpid()), "--fd", str(read_fd)],
+                + ["--owner", str(os.getpid()), "--fd", str(read_fd)]
+                + (["--netns-prefix", netns_prefix] if netns_prefix else []),
                 pass_fds=(read_fd,),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -270,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--session", required=True, help="the Ray session's name")
     parser.add_argument("--owner", type=int, required=True, help="the owner's pid")
     parser.add_argument("--fd", type=int, required=True, help="the pipe's read end")
+    parser.add_argument("--netns-prefix", help="also remove the namespaces named so")
     args = parser.parse_args(argv)
     why = _wait_for_owner(args.fd, args.owner)
     started = time.monotonic()
@@ -280,6 +329,10 @@ def main(argv: list[str] | None = None) -> int:
             f"{args.session} in {time.monotonic() - started:.2f} s",
             file=sys.stderr,
         )
+    if args.netns_prefix and why != "released":  # a normal shutdown removes its own
+        removed = sweep_namespaces(args.netns_prefix)
+        if removed:
+            print(f"local cloud reaper ({why}): removed {len(removed)} namespaces", file=sys.stderr)
     return 0
 
 

@@ -44,6 +44,7 @@ class Joined:
     controller_ip: str
     service_port: int
     interface: str
+    controller_public_key: str = ""  # the one peer a sync never removes
 
 
 def join(
@@ -85,6 +86,7 @@ def join(
         token.controller_ip,
         token.service_port,
         interface.name,
+        token.controller_public_key,
     )
     (state_dir / NODE_FILE).write_text(json.dumps(joined.__dict__) + "\n")
     apply_peers(interface, reply.get("peers", []), keep={token.controller_public_key})
@@ -132,10 +134,15 @@ def alive(joined: Joined, *, timeout_s: float = REQUEST_TIMEOUT_S) -> bool:
 def apply_peers(interface: wg.Interface, listed: list[dict], *, keep: set[str]) -> None:
     """Make the interface's peers ``listed`` plus those in ``keep`` (the controller)."""
     wanted = {p["public_key"]: p for p in listed}
+    have = {}
     for status in interface.peers():
         if status.public_key not in wanted and status.public_key not in keep:
             interface.remove_peer(status.public_key)
+        have[status.public_key] = status
     for key, peer in wanted.items():
+        known = have.get(key)
+        if known is not None and f"{peer['ip']}/32" in known.allowed_ips:
+            continue  # set already (its endpoint follows the packets it sends)
         interface.set_peer(
             wg.Peer(public_key=key, allowed_ip=peer["ip"], endpoint=peer["endpoint"])
         )

@@ -267,7 +267,8 @@ def serve(args: argparse.Namespace) -> int:
     http = ThreadingHTTPServer((overlay.controller_ip, SERVICE_PORT), JoinHandler)
     http.daemon_threads = True
     http.overlay = overlay
-    admin_path = state / ADMIN_SOCKET
+    # a Unix socket's path has at most 107 bytes: a deep state folder gives one elsewhere
+    admin_path = Path(args.admin_socket) if args.admin_socket else state / ADMIN_SOCKET
     admin_path.unlink(missing_ok=True)
     old_umask = os.umask(0o077)  # the socket is made owner-only from the start
     try:
@@ -308,6 +309,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cidr", default=DEFAULT_CIDR)
     parser.add_argument("--interface", required=True)
     parser.add_argument("--state-dir", required=True)
+    parser.add_argument("--admin-socket", help="default: admin.sock in the state folder")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:

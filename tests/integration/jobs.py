@@ -15,6 +15,8 @@ def submit_job(recipe_text: str, folder, name: str, *options: str) -> dict:
     recipe = folder / f"{name}.yaml"
     text = re.sub(r"(?m)^name: .*$", f"name: {name}", recipe_text, count=1)
     recipe.write_text(text.replace("CHECKPOINTS", str(folder / "checkpoints")))
+    if "--vms" not in options:  # the namespace VMs have tests of their own (test_netns_cloud.py)
+        options = ("--vms", "processes", *options)
     args = ["submit", str(recipe), "--jobs-dir", str(folder / "jobs"), "--quiet", *options]
     assert main(args) == 0
     return json.loads((folder / "jobs" / name / "state.json").read_text())["state"]

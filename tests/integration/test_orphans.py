@@ -76,8 +76,8 @@ class _Submit:
     """``python -m orchestrator submit`` of a one-node recipe, in a process session of its own;
     on exit every process that belonged to it is killed, whatever the test did."""
 
-    def __init__(self, folder: Path, name: str, *, steps: int) -> None:
-        self.folder, self.name = folder, name
+    def __init__(self, folder: Path, name: str, *, steps: int, vms: str = "processes") -> None:
+        self.folder, self.name, self.vms = folder, name, vms
         self.recipe = folder / f"{name}.yaml"
         text = RECIPE.replace("NAME", name).replace("STEPS", str(steps))
         self.recipe.write_text(text.replace("CHECKPOINTS", str(folder / f"{name}-checkpoints")))
@@ -90,7 +90,7 @@ class _Submit:
         with self.log.open("w") as log:
             command = [sys.executable, "-m", "orchestrator", "submit", str(self.recipe)]
             self.process = subprocess.Popen(
-                [*command, "--jobs-dir", str(self.folder / "jobs"), "--quiet"],
+                [*command, "--jobs-dir", str(self.folder / "jobs"), "--quiet", "--vms", self.vms],
                 cwd=REPO,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

@@ -1,0 +1,150 @@
+"""Render a node's bootstrap script, and wrap it the way each provider delivers boot scripts.
+
+The script is one file for every provider: a header of shell assignments (each value quoted here,
+so a value can never become code) followed by the body ``node.sh``, the same everywhere. What
+differs between providers is data in ``NodeBoot`` (how to install, which interface is public,
+where preemption notices come from, how the node shuts itself down) and the wrapping:
+
+- AWS: ``UserData`` of ``run_instances`` (cloud-init runs a script that starts with ``#!``);
+  at most 16 KiB before base64 (boto3 encodes it);
+- GCP: the ``startup-script`` metadata item (256 KiB);
+- Azure: ``customData``, base64 (64 KiB encoded);
+- SkyPilot: a task's ``setup`` (nothing: the script installs itself) and ``run`` (the script).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shlex
+from dataclasses import dataclass, field
+from importlib import resources
+from typing import Literal
+
+TAIL_LINES = 20  # log lines a failed bootstrap shows
+AWS_USER_DATA_MAX_BYTES = 16 * 1024
+GCP_METADATA_MAX_BYTES = 256 * 1024
+AZURE_CUSTOM_DATA_MAX_BYTES = 64 * 1024  # of the base64 text
+# the shutdown a real VM runs (each adapter launches with "delete/terminate on shutdown")
+VM_SHUTDOWN = "shutdown -h now"
+CLOUD_LOG_FILE = "/var/log/geo-orchestrator-bootstrap.log"
+
+
+class ScriptTooLarge(ValueError):
+    """A rendered script exceeds what the provider's boot-script field takes."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Install:
+    """How the node gets the controller's code and versions (never "latest")."""
+
+    mode: Literal["local", "pip"]
+    wheel: str  # a path on the node (local) or a URL pip can fetch (pip)
+    package_version: str
+    ray_version: str
+    torch_version: str
+    python: str = "python3"  # the interpreter that makes the node's venv
+    controller_site: tuple[str, ...] = ()  # local: the controller's site-packages, shared
+    torch_index_url: str = "https://download.pytorch.org/whl/cpu"
+
+
+@dataclass(frozen=True, kw_only=True)
+class NodeBoot:
+    """Everything one node's script needs; ``join_token`` is a one-use secret (repr hides it)."""
+
+    job: str
+    node: str
+    install: Install
+    join_token: str = field(repr=False)
+    ray_address: str  # the head's GCS, on the controller's overlay address
+    node_dir: str  # the node's own folder (its venv, keys, log)
+    labels: dict[str, str]
+    resources: dict[str, float]
+    num_cpus: int
+    num_gpus: int
+    object_store_bytes: int
+    grace_s: float  # the dead-man switch: shut down when the controller is gone this long
+    public_iface: str = "eth0"
+    wg_port: int = 51820
+    notice_source: Literal["none", "aws", "gcp", "azure"] = "none"
+    shutdown_command: str = VM_SHUTDOWN
+    log_file: str = CLOUD_LOG_FILE
+    console: str = ""  # a second copy of the log (a VM's serial console), if any
+    ray_env: dict[str, str] = field(default_factory=dict)
+    join_timeout_s: float = 60.0
+
+
+def body() -> str:
+    return resources.files("provisioners.bootstrap").joinpath("node.sh").read_text()
+
+
+def render(boot: NodeBoot) -> str:
+    """The whole script: ``#!/bin/bash``, the header, the body."""
+    for kind, pairs in (("label", boot.labels), ("environment variable", boot.ray_env)):
+        for name, text in pairs.items():
+            if not name or any(c in f"{name}{text}" for c in " \t\n,=\"'\\"):
+                raise ValueError(f"{kind} {name}={text!r}: no blanks, commas, quotes or '='")
+    install = boot.install
+    values = {
+        "JOB": boot.job,
+        "NODE": boot.node,
+        "NODE_DIR": boot.node_dir,
+        "VENV": f"{boot.node_dir}/venv",
+        "LOG_FILE": boot.log_file,
+        "CONSOLE": boot.console,
+        "TAIL_LINES": str(TAIL_LINES),
+        "INSTALL_MODE": install.mode,
+        "PYTHON": install.python,
+        "CONTROLLER_SITE": ":".join(install.controller_site),
+        "PACKAGE_WHEEL": install.wheel,
+        "PACKAGE_VERSION": install.package_version,
+        "RAY_VERSION": install.ray_version,
+        "TORCH_VERSION": install.torch_version,
+        "TORCH_INDEX_URL": install.torch_index_url,
+        "PUBLIC_IFACE": boot.public_iface,
+        "WG_PORT": str(boot.wg_port),
+        "JOIN_TOKEN": boot.join_token,
+        "JOIN_TIMEOUT_S": f"{boot.join_timeout_s:g}",
+        "RAY_ADDRESS": boot.ray_address,
+        "NUM_CPUS": str(boot.num_cpus),
+        "NUM_GPUS": str(boot.num_gpus),
+        "RESOURCES_JSON": json.dumps(boot.resources, sort_keys=True),
+        "LABELS": ",".join(f"{k}={v}" for k, v in sorted(boot.labels.items())),
+        "OBJECT_STORE_BYTES": str(boot.object_store_bytes),
+        "GRACE_S": f"{boot.grace_s:g}",
+        "NOTICE_SOURCE": boot.notice_source,
+        "SHUTDOWN_COMMAND": boot.shutdown_command,
+        "RAY_ENV": " ".join(f"{k}={v}" for k, v in sorted(boot.ray_env.items())),
+    }
+    header = "\n".join(f"{name}={shlex.quote(value)}" for name, value in values.items())
+    return f"#!/bin/bash\n# geo-orchestrator node bootstrap: job {boot.job}, node {boot.node}\n{header}\n{body()}"
+
+
+def aws_user_data(script: str) -> str:
+    """``UserData`` for ``run_instances`` (boto3 base64-encodes it)."""
+    _fits(script.encode(), AWS_USER_DATA_MAX_BYTES, "AWS user-data")
+    return script
+
+
+def gcp_metadata(script: str) -> dict:
+    """The instance's ``metadata`` with the ``startup-script`` item."""
+    _fits(script.encode(), GCP_METADATA_MAX_BYTES, "GCP startup-script")
+    return {"items": [{"key": "startup-script", "value": script}]}
+
+
+def azure_custom_data(script: str) -> str:
+    """``os_profile.custom_data``: the script in base64 (cloud-init runs it)."""
+    encoded = base64.b64encode(script.encode()).decode("ascii")
+    _fits(encoded.encode(), AZURE_CUSTOM_DATA_MAX_BYTES, "Azure customData")
+    return encoded
+
+
+def skypilot_task(script: str) -> dict:
+    """A SkyPilot task's ``setup`` and ``run``: the script does both (it installs, then stays
+    in the foreground as the node's watcher, which is what SkyPilot's ``run`` expects)."""
+    return {"setup": "true", "run": f"bash -c {shlex.quote(script)}"}
+
+
+def _fits(data: bytes, limit: int, what: str) -> None:
+    if len(data) > limit:
+        raise ScriptTooLarge(f"{what} is {len(data)} bytes, the limit is {limit}")

@@ -1,0 +1,218 @@
+"""A node's watcher: the last step of the bootstrap, in the foreground for the node's life.
+
+Every ``PERIOD_S`` it asks the controller, through the overlay, for the job's members and makes
+them its WireGuard peers (nodes come and go; a node's traffic goes straight to the node, not
+through the controller). An answer is also the controller's sign of life: when none has come for
+``grace_s`` (the recipe's ``recovery.controller_grace_s``), the controller is gone and nobody will
+ever use or pay attention to this node again, so it shuts itself down (the dead-man switch: a
+spot VM left behind by a crashed controller would bill for ever).
+
+Where the cloud announces a preemption through its metadata service, the watcher polls it and
+drains its own Ray node with reason PREEMPTION and the notice's deadline, as the local cloud does
+through the GCS: Ray stops placing work there, and the driver sees the notice as a drain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import calendar
+import json
+import logging
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from provisioners.overlay import node as overlay_node
+from provisioners.overlay import wg
+
+log = logging.getLogger("provisioners.bootstrap.watcher")
+
+PERIOD_S = 1.0  # how often peers are synced and the controller asked after
+METADATA_TIMEOUT_S = 1.0
+
+
+@dataclass(frozen=True)
+class Notice:
+    deadline_s: float  # Unix seconds the cloud takes the node at
+    text: str
+
+
+def _get(url: str, headers: dict[str, str], *, method: str = "GET") -> tuple[int, bytes]:
+    request = urllib.request.Request(url, headers=headers, method=method)
+    try:
+        with urllib.request.urlopen(request, timeout=METADATA_TIMEOUT_S) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, b""
+
+
+def aws_notice() -> Notice | None:
+    """EC2's spot ``instance-action`` (IMDSv2: a session token first); 404 while none."""
+    status, token = _get(
+        "http://169.254.169.254/latest/api/token",
+        {"X-aws-ec2-metadata-token-ttl-seconds": "60"},
+        method="PUT",
+    )
+    status, text = _get(
+        "http://169.254.169.254/latest/meta-data/spot/instance-action",
+        {"X-aws-ec2-metadata-token": token.decode()},
+    )
+    if status != 200:
+        return None
+    # {"action": "terminate", "time": "2026-11-25T17:00:00Z"}: two minutes' notice
+    action = json.loads(text)
+    when = calendar.timegm(time.strptime(action["time"], "%Y-%m-%dT%H:%M:%SZ"))
+    return Notice(deadline_s=when, text=f"EC2 spot {action['action']}")
+
+
+def gcp_notice() -> Notice | None:
+    """GCE's ``preempted`` flag: TRUE once the 30 s notice has begun."""
+    status, text = _get(
+        "http://metadata.google.internal/computeMetadata/v1/instance/preempted",
+        {"Metadata-Flavor": "Google"},
+    )
+    if status == 200 and text.strip() == b"TRUE":
+        return Notice(deadline_s=time.time() + 30.0, text="GCE preemption")
+    return None
+
+
+def azure_notice() -> Notice | None:
+    """Azure's scheduled events: a ``Preempt`` event for this VM, with its ``NotBefore``."""
+    status, text = _get(
+        "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01",
+        {"Metadata": "true"},
+    )
+    if status != 200:
+        return None
+    for event in json.loads(text).get("Events", []):
+        if event.get("EventType") == "Preempt":
+            when = calendar.timegm(time.strptime(event["NotBefore"], "%a, %d %b %Y %H:%M:%S GMT"))
+            return Notice(deadline_s=when, text="Azure spot eviction")
+    return None
+
+
+NOTICE_SOURCES: dict[str, Callable[[], Notice | None] | None] = {
+    "none": None,  # the local cloud drains its nodes itself
+    "aws": aws_notice,
+    "gcp": gcp_notice,
+    "azure": azure_notice,
+}
+
+
+class Watcher:
+    def __init__(
+        self,
+        joined: overlay_node.Joined,
+        *,
+        grace_s: float,
+        shutdown: Callable[[str], None],
+        notice: Callable[[], Notice | None] | None = None,
+        drain: Callable[[Notice], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.joined, self.grace_s, self.clock = joined, grace_s, clock
+        self.shutdown, self.notice, self.drain = shutdown, notice, drain
+        self.interface = wg.Interface(joined.interface)
+        self.last_seen = clock()
+        self.noticed = False
+
+    def tick(self) -> bool:
+        """One round; False once the node shuts down."""
+        try:
+            listed = overlay_node.peers(self.joined)
+        except (OSError, ValueError):
+            gone_s = self.clock() - self.last_seen
+            if gone_s > self.grace_s:
+                self.shutdown(
+                    f"controller unreachable for {gone_s:.0f} s (grace {self.grace_s:g} s)"
+                )
+                return False
+        else:
+            self.last_seen = self.clock()
+            try:
+                overlay_node.apply_peers(
+                    self.interface, listed, keep={self.joined.controller_public_key}
+                )
+            except wg.OverlayError as error:
+                log.warning("peer sync: %s", error)
+        self._check_notice()
+        return True
+
+    def _check_notice(self) -> None:
+        if self.notice is None or self.noticed:
+            return
+        try:
+            found = self.notice()
+        except (OSError, ValueError, KeyError) as error:
+            log.debug("metadata service: %s", error)
+            return
+        if found is not None:
+            self.noticed = True
+            log.warning("preemption notice: %s at %.0f", found.text, found.deadline_s)
+            if self.drain is not None:
+                self.drain(found)
+
+
+def _drain_with_ray(ray_address: str) -> Callable[[Notice], None]:
+    def drain(notice: Notice) -> None:
+        remaining = max(1, int(notice.deadline_s - time.time()))
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "ray.scripts.scripts",
+                "drain-node",
+                f"--address={ray_address}",
+                "--reason=DRAIN_NODE_REASON_PREEMPTION",
+                f"--reason-message={notice.text}",
+                f"--deadline-remaining-seconds={remaining}",
+            ],
+            check=False,
+            timeout=30,
+        )
+
+    return drain
+
+
+def _shutdown_with(command: str) -> Callable[[str], None]:
+    def shutdown(why: str) -> None:
+        log.warning("shutting the node down: %s", why)
+        print(f"GEO-NODE-SHUTDOWN {why}", flush=True)
+        subprocess.run(["/bin/sh", "-c", command], check=False, timeout=60)
+
+    return shutdown
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--state-dir", required=True)
+    parser.add_argument("--grace-s", type=float, required=True)
+    parser.add_argument("--notice-source", choices=sorted(NOTICE_SOURCES), default="none")
+    parser.add_argument("--ray-address", required=True)
+    parser.add_argument("--shutdown-command", required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s watcher: %(message)s")
+    watcher = Watcher(
+        overlay_node.load(Path(args.state_dir)),
+        grace_s=args.grace_s,
+        shutdown=_shutdown_with(args.shutdown_command),
+        notice=NOTICE_SOURCES[args.notice_source],
+        drain=_drain_with_ray(args.ray_address),
+    )
+    period = threading.Event()  # never set: its wait is the period between rounds
+    try:
+        while watcher.tick():
+            period.wait(PERIOD_S)
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,380 @@
+"""The local cloud's VMs as network namespaces that boot the way a cloud's VMs do.
+
+``NamespaceCluster`` has ``LocalCluster``'s interface (cluster.py), so the provisioner, its market
+and its chaos work unchanged; what differs is what a node is:
+
+- the job gets a simulated internet (netns.py): a bridge in a namespace of its own, TEST-NET-2
+  "public" addresses, no route to this machine's network;
+- the **controller VM** (``geo+<job>+controller``) runs the overlay's join service and admin
+  socket (provisioners/overlay/service.py) and the Ray head, bound to the controller's overlay
+  address 100.64.0.1. The submitting process enters that namespace (``netns.Entered``) before the
+  head starts, so the head, the local cloud's API (the gateway it serves) and the process that
+  follows the job all live in the controller VM; it leaves it at shutdown;
+- every other node (the driver's controller node, each GPU node) is a VM namespace that runs the
+  node bootstrap (provisioners/bootstrap/): the script installs the wheel built from this checkout
+  into a venv of its own (nothing downloaded: the controller's Ray and torch are seen through a
+  .pth file), closes its public interface to all but WireGuard, joins the overlay with a one-use
+  token minted for it, ``ray start``s on its overlay address and becomes its watcher;
+- a node is found in the GCS by its ``geo-node`` label; a bootstrap that exits first, or does not
+  join within the launch's timeout, raises ``BootstrapFailed`` with its log's last lines and the
+  VM is removed;
+- killing a node removes its namespace (every process in it at once: a VM that vanishes) and its
+  overlay peer; ``shutdown`` leaves the controller VM and sweeps every namespace of the job. The
+  reaper (reaper.py) sweeps them too when the submitting process dies, even by ``kill -9``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import select
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from provisioners.bootstrap.script import TAIL_LINES, Install, NodeBoot, render
+from provisioners.local import netns, reaper
+from provisioners.local.cluster import (
+    OBJECT_STORE_BYTES,
+    ClusterNodes,
+    NodeSpec,
+    _session_name,
+    _start_head,
+    alive_nodes,
+)
+from provisioners.overlay import wg
+from provisioners.overlay.service import ADMIN_SOCKET, admin_call
+
+log = logging.getLogger(__name__)
+
+CONTROLLER_VM = "controller"
+FAILED_MARK = "GEO-BOOTSTRAP-FAILED"  # node.sh's first line when a step fails
+NODE_LABEL = "geo-node"
+SERVICE_READY_S = 30.0
+JOIN_POLL_S = 0.25  # how long one wait on a booting node's process lasts between GCS looks
+TOKEN_TTL_S = 120.0  # a local VM boots in seconds: its token need not live longer
+RAY_ENV = {"RAY_AUTH_MODE": "disabled"}  # as the local head (cluster.py)
+FIREWALL = """table inet geo_orchestrator {{
+  chain input {{
+    type filter hook input priority 0; policy accept;
+    iifname "eth0" udp dport {port} accept
+    iifname "eth0" ct state established,related accept
+    iifname "eth0" drop
+  }}
+}}
+"""
+
+
+class BootstrapFailed(RuntimeError):
+    """A node's bootstrap exited or timed out before the node joined; the message ends with the
+    last lines of its log (also in ``log_tail``)."""
+
+    def __init__(self, message: str, *, log_tail: str, log_file: Path) -> None:
+        super().__init__(f"{message}; last lines of {log_file}:\n{log_tail}")
+        self.log_tail, self.log_file = log_tail, log_file
+
+
+@dataclass
+class _VmNode:
+    name: str
+    process: subprocess.Popen
+    folder: Path
+
+
+def unsupported_reason() -> str | None:
+    """None where this machine can run namespace VMs; else why not."""
+    reason = netns.unsupported_reason()
+    if reason is None and not (package_root() / "pyproject.toml").exists():
+        reason = f"no checkout at {package_root()} to build the nodes' wheel from"
+    return reason
+
+
+def package_root() -> Path:
+    import provisioners
+
+    return Path(provisioners.__file__).resolve().parents[1]
+
+
+def build_wheel(out: Path) -> Path:
+    """The wheel of this checkout (the nodes install it, as a cloud's VMs install a release)."""
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.whl"):
+        old.unlink()
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+        + ["--no-index", "-w", str(out), str(package_root())],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    wheels = list(out.glob("geo_orchestrator-*.whl"))
+    if done.returncode != 0 or len(wheels) != 1:
+        raise RuntimeError(f"building the nodes' wheel failed: {done.stderr.strip()[-400:]}")
+    return wheels[0]
+
+
+def controller_install(wheel: Path) -> Install:
+    """The local cloud's install: this interpreter's versions, this checkout's wheel."""
+    import importlib.metadata as metadata
+    import site
+
+    import ray
+    import torch
+
+    return Install(
+        mode="local",
+        wheel=str(wheel),
+        package_version=metadata.version("geo-orchestrator"),
+        ray_version=ray.__version__,
+        torch_version=torch.__version__,
+        python=sys.executable,
+        controller_site=tuple(site.getsitepackages()),
+    )
+
+
+class NamespaceCluster(ClusterNodes):
+    """Starts the controller VM on first use; boots, drains and kills VM nodes."""
+
+    mode = "namespaces"
+
+    def __init__(
+        self,
+        *,
+        job: str,
+        folder: Path,
+        grace_s: float,
+        head_cpus: int = 1,
+        install: Install | None = None,
+    ) -> None:
+        """``folder``: where the VMs' folders (scripts, logs, venvs, keys) go, owner-only;
+        ``grace_s``: each node's dead-man switch; ``install``: what nodes install (default: the
+        wheel of this checkout, built at start, and this interpreter's versions)."""
+        self.job, self.folder, self.grace_s = job, Path(folder), grace_s
+        self.install = install
+        self._head_cpus = head_cpus
+        self._internet: netns.Internet | None = None
+        self._entered: netns.Entered | None = None
+        self._reaper: reaper.Reaper | None = None
+        self._service: subprocess.Popen | None = None
+        self._cluster = None
+        self._runtime_dir: Path | None = None  # short paths: the admin socket's
+        self._nodes: dict[str, _VmNode] = {}  # Ray node id -> its VM
+        self._names: set[str] = set()
+
+    @property
+    def address(self) -> str:
+        return self._started().address
+
+    @property
+    def admin_socket(self) -> Path:
+        """The overlay's admin socket (mint, remove, nodes), owner-only."""
+        assert self._runtime_dir is not None, "the cluster is not started"
+        return self._runtime_dir / ADMIN_SOCKET
+
+    @property
+    def internet(self) -> netns.Internet | None:
+        """The job's simulated internet (its VMs by name), once started."""
+        return self._internet
+
+    def _started(self):
+        if self._cluster is None:
+            start = time.monotonic()
+            self._start()
+            atexit.register(self.shutdown)
+            log.info("local cloud: controller VM up in %.1f s", time.monotonic() - start)
+        return self._cluster
+
+    def _start(self) -> None:
+        session = _session_name()
+        self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._internet = netns.Internet(self.job)
+        self._internet.create()
+        self._reaper = reaper.Reaper.start(session, netns_prefix=netns.prefix(self.job))
+        try:
+            controller = self._internet.add_vm(CONTROLLER_VM)
+            netns.run_in(controller, ["nft", "-f", "-"], input_text=FIREWALL.format(port=51820))
+            controller_ip = self._start_overlay(controller)
+            if self.install is None:
+                self.install = controller_install(build_wheel(self.folder / "wheel"))
+            self._entered = netns.Entered(controller.netns)
+            self._cluster = _start_head(session, self._head_cpus, node_ip=controller_ip)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def _start_overlay(self, controller: netns.Vm) -> str:
+        """The join service in the controller VM; its overlay address once it is ready."""
+        import json
+        import tempfile
+
+        state = self.folder / CONTROLLER_VM / "overlay"
+        # a Unix socket's path is limited to 107 bytes, a job's folder is not
+        self._runtime_dir = Path(tempfile.mkdtemp(prefix=f"geo-{self.job[:20]}-"))  # 0700
+        self._service = self._internet.popen(
+            controller,
+            [sys.executable, "-m", "provisioners.overlay.service", "--job", self.job]
+            + ["--public-ip", controller.public_ip, "--state-dir", str(state)]
+            + ["--interface", wg.interface_name(self.job, CONTROLLER_VM)]
+            + ["--admin-socket", str(self.admin_socket)],
+            log_file=self.folder / CONTROLLER_VM / "overlay.log",
+            env=_vm_env(checkout=True),  # the controller runs the controller's code
+            stdout_pipe=True,
+        )
+        ready, _, _ = select.select([self._service.stdout], [], [], SERVICE_READY_S)
+        line = self._service.stdout.readline() if ready else b""
+        if not line:
+            raise RuntimeError(
+                f"the overlay service did not start in {SERVICE_READY_S:g} s "
+                f"(see {self.folder / CONTROLLER_VM / 'overlay.log'})"
+            )
+        return json.loads(line)["controller_ip"]
+
+    def add(self, spec: NodeSpec, *, timeout_s: float) -> str:
+        """Boot a VM for ``spec`` and wait until its node registers; return its node id."""
+        cluster = self._started()
+        name = self._unique(spec.name)
+        vm = self._internet.add_vm(name)
+        folder = self.folder / name
+        shutil.rmtree(folder, ignore_errors=True)  # a VM of that name in an earlier run
+        folder.mkdir(mode=0o700)
+        log_file = folder / "bootstrap.log"
+        try:
+            token = admin_call(
+                self.admin_socket, {"op": "mint", "node": name, "ttl_s": TOKEN_TTL_S}
+            )
+            script = folder / "bootstrap.sh"
+            script.write_text(render(self._boot(spec, name, vm, token["token"], cluster.address)))
+            script.chmod(0o700)
+            process = self._internet.popen(
+                vm, ["bash", str(script)], log_file=log_file, env=_vm_env()
+            )
+            node_id = self._wait_joined(name, process, log_file, timeout_s=timeout_s)
+        except BaseException:
+            self._remove(name)
+            raise
+        self._nodes[node_id] = _VmNode(name, process, folder)
+        return node_id
+
+    def _boot(self, spec: NodeSpec, name: str, vm: netns.Vm, token: str, address: str) -> NodeBoot:
+        halt = f"{shlex.quote(sys.executable)} -m provisioners.local.netns halt {vm.netns}"
+        return NodeBoot(
+            job=self.job,
+            node=name,
+            install=self.install,
+            join_token=token,
+            ray_address=address,
+            node_dir=str(self.folder / name),
+            labels={**spec.labels(), NODE_LABEL: name},
+            resources=spec.resources(),
+            num_cpus=max(1, int(spec.vcpus)),
+            num_gpus=0,
+            object_store_bytes=OBJECT_STORE_BYTES,
+            grace_s=self.grace_s,
+            shutdown_command=f"PYTHONPATH={shlex.quote(str(package_root()))} {halt}",
+            log_file=str(self.folder / name / "bootstrap.log"),
+            ray_env=RAY_ENV,
+        )
+
+    def _wait_joined(
+        self, name: str, process: subprocess.Popen, log_file: Path, *, timeout_s: float
+    ) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            joined = [
+                n for n, v in alive_nodes(self.address, label=NODE_LABEL).items() if v == name
+            ]
+            if joined:
+                return joined[0]
+            try:
+                code = process.wait(timeout=JOIN_POLL_S)  # the wait is the look's period
+            except subprocess.TimeoutExpired:
+                code = None
+            if code is not None:
+                raise BootstrapFailed(
+                    f"node {name}: its bootstrap exited with {code} before it joined",
+                    log_tail=log_tail(log_file),
+                    log_file=log_file,
+                )
+            if time.monotonic() > deadline:
+                raise BootstrapFailed(
+                    f"node {name} did not join within {timeout_s:g} s",
+                    log_tail=log_tail(log_file),
+                    log_file=log_file,
+                )
+
+    def _unique(self, name: str) -> str:
+        candidate, n = name, 1
+        while candidate in self._names or candidate == CONTROLLER_VM:
+            n += 1
+            candidate = f"{name}-{n}"
+        self._names.add(candidate)
+        return candidate
+
+    def _remove(self, name: str) -> None:
+        self._internet.kill_vm(name)
+        try:
+            admin_call(self.admin_socket, {"op": "remove", "node": name})
+        except (OSError, wg.OverlayError) as error:  # the controller's service is going too
+            log.warning("overlay: removing %s: %s", name, error)
+
+    def kill(self, node_id: str) -> None:
+        """Remove the node's VM: every process in it at once, then its namespace and peer."""
+        node = self._nodes.pop(node_id, None)
+        if node is not None:
+            self._remove(node.name)
+
+    def vm_of(self, node_id: str) -> str | None:
+        node = self._nodes.get(node_id)
+        return None if node is None else node.name
+
+    def shutdown(self) -> None:
+        """Stop the head, leave the controller VM, remove every namespace of the job."""
+        try:
+            if self._cluster is not None:
+                self._cluster.shutdown()
+        finally:
+            self._cluster, self._nodes = None, {}
+            if self._entered is not None:
+                self._entered.leave()
+                self._entered = None
+            if self._internet is not None:
+                self._internet.close()
+                self._internet = None
+            if self._runtime_dir is not None:
+                shutil.rmtree(self._runtime_dir, ignore_errors=True)
+                self._runtime_dir = None
+            if self._reaper is not None:
+                self._reaper.release()
+                self._reaper = None
+
+
+def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
+    """The log's last ``lines`` up to the bootstrap's failure line (after it, the script
+    repeats its tail for a console)."""
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError as error:
+        return f"(no log: {error})"
+    marks = [i for i, line in enumerate(text) if line.startswith(FAILED_MARK)]
+    if marks:
+        text = text[: marks[0] + 1]
+    return "\n".join(text[-lines:])
+
+
+def _vm_env(*, checkout: bool = False) -> dict[str, str]:
+    """A VM's processes see a clean environment, as after a boot (and no credentials of ours);
+    a node imports only what its bootstrap installed, the controller this checkout."""
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+        "HOME": os.environ.get("HOME", "/root"),
+        "LANG": "C.UTF-8",
+    }
+    if checkout:
+        env["PYTHONPATH"] = str(package_root())
+    return env
