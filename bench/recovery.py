@@ -1,7 +1,7 @@
 """Recovery time on the local simulated cloud: from a node's loss to the first resumed step.
 
 Usage: python bench/recovery.py [--path replica|checkpoint|driver] [--preemptions 10] [--every 15]
-                                [--notice-s 0.5]
+                                [--notice-s 0.5] [--vms processes|namespaces]
 
 Submits a gpt-tiny job (2 data-parallel workers on 2 nodes, checkpoint every 5 steps) on the local
 cloud and has the market take a node every ``--every`` steps, one of three ways:
@@ -20,6 +20,8 @@ cloud and has the market take a node every ``--every`` steps, one of three ways:
   of the job's state (it lived until then) to its first committed step.
 
 Each recovery's seconds come from the job's event log; the state gives the steps trained twice.
+``--vms namespaces`` runs it on namespace VMs (root; docs/bootstrap.md): a replacement node then
+boots by the node bootstrap and joins over WireGuard, and the job's traffic is encrypted.
 """
 
 from __future__ import annotations
@@ -79,7 +81,7 @@ def _run(args, steps: int, at: list[int]) -> tuple[int, list[dict], dict]:
         recipe = root / "bench.yaml"
         recipe.write_text(RECIPE.format(steps=steps, checkpoints=root / "checkpoints"))
         command = ["submit", str(recipe), "--jobs-dir", str(root / "jobs"), "--quiet"]
-        command += ["--notice-s", str(args.notice_s)]
+        command += ["--notice-s", str(args.notice_s), "--vms", args.vms]
         for step in at:
             command += [option[args.path], str(step)]
         code = cli(command)
@@ -95,6 +97,7 @@ def main() -> None:
     parser.add_argument("--preemptions", type=int, default=10)
     parser.add_argument("--every", type=int, default=15, help="steps between preemptions")
     parser.add_argument("--notice-s", type=float, default=0.5)
+    parser.add_argument("--vms", choices=("processes", "namespaces"), default="processes")
     args = parser.parse_args()
     steps = args.every * (args.preemptions + 1)
     # mid-period (checkpoints every 5 steps): a rollback would cost 2 steps
@@ -115,7 +118,7 @@ def main() -> None:
     times = recovery_times(events, args.path)
     kinds = [e["event"] for e in events]
     print(
-        f"\nexit {code}; path {args.path}: {kinds.count('chaos')} taken by the market, "
+        f"\nexit {code}; path {args.path} on {args.vms}: {kinds.count('chaos')} taken by the market, "
         f"{kinds.count('preemption_notice')} notices, {kinds.count('node_lost')} lost without "
         f"notice, {kinds.count('rescued')} rescued from a surviving replica, "
         f"{kinds.count('driver_restarted')} driver restarts; "

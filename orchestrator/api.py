@@ -19,15 +19,10 @@ import threading
 from pathlib import Path
 
 from orchestrator.driver.events import read_events
-from orchestrator.driver.job import (
-    JOBS_DIR,
-    METRICS_FILE,
-    STOP_FILE,
-    RunOptions,
-    run_job,
-    status_row,
-)
+from orchestrator.driver.job import JOBS_DIR, STOP_FILE, RunOptions, run_job
+from orchestrator.driver.metrics import METRICS_FILE
 from orchestrator.driver.state import JobState, StateStore
+from orchestrator.driver.status import status_row
 from orchestrator.errors import UserError
 from orchestrator.names import job_name_problem
 

@@ -20,8 +20,9 @@ from pathlib import Path
 from orchestrator.catalog import Catalog
 from orchestrator.cli.output import format_table, print_json
 from orchestrator.driver.events import read_events
-from orchestrator.driver.job import JOBS_DIR, STOP_FILE, iso_time, status_row
+from orchestrator.driver.job import JOBS_DIR, STOP_FILE
 from orchestrator.driver.state import JobState, StateCorrupt, StateStore
+from orchestrator.driver.status import iso_time, status_row
 from orchestrator.errors import UserError
 from orchestrator.names import job_name_problem
 from orchestrator.yamlsrc import file_problem

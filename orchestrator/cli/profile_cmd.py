@@ -19,11 +19,8 @@ from typing import TYPE_CHECKING
 from orchestrator.catalog import Catalog
 from orchestrator.cli.output import format_table, print_json
 from orchestrator.errors import UserError
+from orchestrator.profiles.measured import measured_profile
 from orchestrator.profiles.profile import (
-    GpuProfile,
-    LayerTable,
-    ModelProfile,
-    TimeTable,
     profile_to_json,
 )
 from orchestrator.recipe import Recipe, load_recipe
@@ -120,59 +117,6 @@ def run_profile(args: argparse.Namespace, catalog: Catalog) -> int:
         return 0
     _print(args.output, document, rows)
     return 0
-
-
-def measured_profile(measurement: ModelMeasurement, *, gpu: str, precision: str) -> ModelProfile:
-    """A ``runtime.profiler.ModelMeasurement`` as a one-GPU profile with source ``measured``.
-
-    Sizes are per sample: elements sent on from the largest microbatch (they scale exactly), bytes
-    kept for backward as the largest per-sample figure over the sizes measured (fixed costs
-    such as position ids weigh most on small microbatches; the larger figure keeps the simulator's
-    OOM verdict on the safe side)."""
-    by_size = measurement.layers
-    largest = max(by_size)
-    num_layers = len(measurement.params)
-    kept = tuple(
-        max(layers[i].kept_bytes / mbs for mbs, layers in by_size.items())
-        for i in range(num_layers)
-    )
-    sizes = LayerTable(
-        params=tuple(measurement.params),
-        act_out_elements=tuple(t.out_elements // largest for t in by_size[largest]),
-        act_kept_bytes=kept,
-    )
-    times = {
-        (mbs, 1): TimeTable(
-            forward_s=tuple(t.forward_s for t in layers),
-            backward_s=tuple(t.backward_s for t in layers),
-            update_s=tuple(t.update_s for t in layers),
-        )
-        for mbs, layers in sorted(by_size.items())
-    }
-    gpu_profile = GpuProfile(gpu, "measured", _origin(measurement, gpu), times)
-    spec = model_spec(measurement.model)
-    return ModelProfile(
-        measurement.model,
-        precision,
-        measurement.optimizer,
-        spec.seq_len,
-        {1: sizes},
-        {gpu: gpu_profile},
-        spec.tied_parameters() if spec.family == "gpt" else 0,
-    )
-
-
-def _origin(measurement: ModelMeasurement, gpu: str) -> str:
-    where = (
-        f"this machine's CPU ({measurement.threads} thread(s)), a local worker's CPU slot standing "
-        f"in for {gpu}"
-        if measurement.device_name == "cpu"
-        else measurement.device_name
-    )
-    return (
-        f"measured by `python -m orchestrator profile` on {where}; torch {measurement.torch_version}, "
-        f"mean of {measurement.repeats} runs per figure"
-    )
 
 
 def _profilable_spec(recipe: Recipe) -> ModelSpec:

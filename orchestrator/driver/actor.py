@@ -57,7 +57,7 @@ class DriverActor:
     def __init__(self, spec: DriverSpec) -> None:
         import ray
 
-        from orchestrator.driver.job import build_driver
+        from orchestrator.driver.assembly import build_driver
 
         self._changed = threading.Condition()
         self._finished, self._error = False, None

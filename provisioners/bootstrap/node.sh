@@ -44,11 +44,12 @@ case "$INSTALL_MODE" in
     false
     ;;
 esac
+# the versions as installed (read from their metadata: importing torch would cost seconds)
 "$VENV/bin/python" - <<EOF
-import importlib.metadata as m, ray, torch, provisioners
-for name, want, have in (("geo-orchestrator", "$PACKAGE_VERSION", m.version("geo-orchestrator")),
-                         ("ray", "$RAY_VERSION", ray.__version__),
-                         ("torch", "$TORCH_VERSION", torch.__version__)):
+import importlib.metadata as m
+for name, want in (("geo-orchestrator", "$PACKAGE_VERSION"), ("ray", "$RAY_VERSION"),
+                   ("torch", "$TORCH_VERSION")):
+    have = m.version(name)
     assert have == want, f"{name} {have} installed, the controller runs {want}"
 EOF
 

@@ -124,15 +124,12 @@ def controller_install(wheel: Path) -> Install:
     import importlib.metadata as metadata
     import site
 
-    import ray
-    import torch
-
     return Install(
         mode="local",
         wheel=str(wheel),
         package_version=metadata.version("geo-orchestrator"),
-        ray_version=ray.__version__,
-        torch_version=torch.__version__,
+        ray_version=metadata.version("ray"),
+        torch_version=metadata.version("torch"),
         python=sys.executable,
         controller_site=tuple(site.getsitepackages()),
     )

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioners.local import reaper
+from provisioners.local import netns, reaper, vms
 from provisioners.local.cluster import HEALTH_CHECK
 
 REPO = Path(__file__).resolve().parents[2]
@@ -25,6 +25,7 @@ HEALTH_CHECK_S = (
 )
 SLACK_S = 3.0  # a loaded 2-core machine; the reaper needs about 0.2 s
 START_TIMEOUT_S = 60.0  # from submit to its first committed step
+NETNS_START_TIMEOUT_S = 150.0  # the same, three VMs booted first
 FINISH_TIMEOUT_S = 60.0
 RECIPE = """\
 name: NAME
@@ -72,6 +73,31 @@ def test_a_killed_submit_leaves_no_process_and_spares_the_job_beside_it(tmp_path
         assert not beside.processes()
 
 
+@pytest.mark.skipif(
+    vms.unsupported_reason() is not None, reason=f"namespace VMs: {vms.unsupported_reason()}"
+)
+def test_a_killed_submit_on_namespace_vms_leaves_no_namespace_or_process(tmp_path):
+    """The same on the namespace VMs: the reaper kills the Ray session and removes every
+    namespace of the job (its VMs, their WireGuard interfaces and veths, its internet)."""
+    with _Submit(tmp_path, "orphans-netns", steps=100_000, vms="namespaces") as doomed:
+        doomed.wait_for_training(timeout_s=NETNS_START_TIMEOUT_S)
+        belonged = doomed.processes()
+        mine = [n for n in netns.namespaces() if n.startswith(netns.prefix("orphans-netns"))]
+        assert len(mine) == 4, mine  # the internet, the controller VM, the driver's, a GPU node
+        doomed.process.send_signal(signal.SIGKILL)
+        killed_at = time.monotonic()
+        doomed.process.wait(timeout=10)
+        left = _wait_gone(belonged, HEALTH_CHECK_S + SLACK_S)
+        deadline = time.monotonic() + SLACK_S
+        while mine and time.monotonic() < deadline:
+            time.sleep(0.05)  # polling with a deadline: the reaper is not our child
+            mine = [n for n in netns.namespaces() if n.startswith(netns.prefix("orphans-netns"))]
+        took_s = time.monotonic() - killed_at
+        assert not left, f"{len(left)} still running {took_s:.1f} s after the SIGKILL: {left}"
+        assert not mine, f"{mine} left {took_s:.1f} s after the SIGKILL"
+        print(f"\nSIGKILL of submit on namespace VMs -> all gone: {took_s:.2f} s")
+
+
 class _Submit:
     """``python -m orchestrator submit`` of a one-node recipe, in a process session of its own;
     on exit every process that belonged to it is killed, whatever the test did."""
@@ -109,12 +135,12 @@ class _Submit:
     def stderr(self) -> str:
         return self.log.read_text()[-4000:]
 
-    def wait_for_training(self) -> None:
+    def wait_for_training(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Poll (no event to wait on across processes) until a step is committed."""
-        deadline = time.monotonic() + START_TIMEOUT_S
+        deadline = time.monotonic() + timeout_s
         while not (self.metrics.exists() and self.metrics.stat().st_size > 0):
             assert self.process.poll() is None, self.stderr()
-            assert time.monotonic() < deadline, f"no step in {START_TIMEOUT_S} s\n{self.stderr()}"
+            assert time.monotonic() < deadline, f"no step in {timeout_s} s\n{self.stderr()}"
             time.sleep(0.1)
 
     def processes(self) -> dict[int, int]:

@@ -47,7 +47,7 @@ def test_an_unknown_job_is_a_user_error(tmp_path):
 
 
 def test_dashboard_metrics_are_set_per_step_with_the_job_tag():
-    from orchestrator.driver.job import DashboardMetrics
+    from orchestrator.driver.metrics import DashboardMetrics
 
     made = {}
 

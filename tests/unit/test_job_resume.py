@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.driver.job import _state, job_folder, signing_key, status_row
+from orchestrator.driver.job import _state, job_folder, signing_key
 from orchestrator.driver.state import JobState, StateStore
+from orchestrator.driver.status import status_row
 from orchestrator.errors import UserError
 from orchestrator.recipe.schema import Recipe
 
@@ -64,10 +65,10 @@ def test_metrics_stay_strict_json_whatever_a_step_reports(tmp_path):
     import json
     import math
 
-    from orchestrator.driver.job import _Metrics
     from orchestrator.driver.machine import StepResult
+    from orchestrator.driver.metrics import StepMetrics
 
-    metrics = _Metrics(tmp_path / "metrics.jsonl", batch=8)
+    metrics = StepMetrics(tmp_path / "metrics.jsonl", batch=8)
     state = JobState(job="j", recipe_path="r", phase="train", step=3, train_s=1.0)
     metrics.record(state, StepResult(loss=math.nan))
     metrics.record(state.evolve(step=4, train_s=2.0, egress_bytes=math.inf), StepResult(loss=1.5))

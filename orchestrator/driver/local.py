@@ -1,0 +1,150 @@
+"""The local simulated cloud as the job's world: this process owns the cloud (its market and
+its VMs, as processes or as namespace VMs: docs/bootstrap.md), serves its API to the driver actor
+and follows the job. A real provider's world would launch a controller VM and follow from here;
+the driver itself (assembly.py) sees only the provider's contract.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import threading
+from pathlib import Path
+
+from orchestrator.driver.actor import NAMESPACE, DriverSpec, follow, start_driver
+from orchestrator.errors import UserError
+from orchestrator.recipe.schema import LocalCloudConfig, Recipe
+
+# a move's pause on the local cloud until one is measured: a restart from a checkpoint took
+# 4.6-6.9 s (median 5.1 s) in bench/recovery.py --path checkpoint
+LOCAL_MIGRATION_S = 5.0
+
+
+def run_on_local_cloud(
+    spec: DriverSpec,
+    *,
+    folder: Path,
+    recipe_path: Path,
+    vms: str | None,
+    notice_s: float | None,
+    on_step,
+):
+    """Start the local cloud, run the job's driver on it, follow it to its end; the final state
+    and plan."""
+    from provisioners.local.provisioner import LocalProvisioner
+
+    recipe, local = spec.recipe, spec.recipe.local_cloud
+    provisioner = LocalProvisioner(
+        seed=recipe.training.seed,
+        notice_s=notice_s if notice_s is not None else local.notice_s,
+        slow_nodes=local.slow_nodes,
+        slowdown=local.slowdown,
+        cluster=local_vms(
+            local,
+            job=folder.name,
+            folder=folder,
+            recipe_path=recipe_path,
+            wanted=vms or local.vms,
+            grace_s=recipe.recovery.controller_grace_s,
+        ),
+    )
+    try:
+        return _serve_and_follow(provisioner, spec, folder.name, on_step)
+    finally:
+        provisioner.close()
+
+
+def local_vms(
+    local: LocalCloudConfig,
+    *,
+    job: str,
+    folder: Path,
+    recipe_path: Path,
+    wanted: str,
+    grace_s: float,
+):
+    """The local cloud's VMs: network namespaces booted by the node bootstrap where this machine
+    allows them (``auto``, ``namespaces``), else Ray nodes on this machine's network; says which."""
+    from provisioners.local.cluster import LocalCluster
+
+    if wanted != "processes":
+        from provisioners.local import vms
+
+        reason = vms.unsupported_reason()
+        if reason is None and threading.current_thread() is not threading.main_thread():
+            reason = "the job runs outside the main thread, which alone can enter a VM's network"
+        if reason is None:
+            print(
+                "local cloud: each VM is a network namespace on a simulated internet, booted by "
+                "the node bootstrap and joined over WireGuard",
+                file=sys.stderr,
+            )
+            return vms.NamespaceCluster(job=job, folder=folder / "vms", grace_s=grace_s)
+        if wanted == "namespaces":
+            raise UserError(
+                f"namespace VMs cannot run here: {reason}",
+                file=str(recipe_path),
+                field="local_cloud.vms",
+                fix="run as root with the tools named, or write vms: processes",
+            )
+        print(f"local cloud: each VM is a process on this machine ({reason})", file=sys.stderr)
+    else:
+        print("local cloud: each VM is a process on this machine (vms: processes)", file=sys.stderr)
+    return LocalCluster()
+
+
+def _serve_and_follow(provisioner, spec: DriverSpec, job: str, on_step):
+    """Start the cluster, serve the cloud's API to the driver actor and follow the job."""
+    import ray
+
+    from provisioners.local.gateway import serve, start_gateway
+
+    stop, server, actor = threading.Event(), None, None
+    try:
+        ray.init(address=provisioner.address, log_to_driver=False, namespace=NAMESPACE)
+        controller = provisioner.launch_controller(name=f"{job}-controller")
+        gateway = start_gateway(spec.gateway)
+        server = threading.Thread(
+            target=serve, args=(provisioner, gateway, stop), name="local-cloud-api", daemon=True
+        )
+        server.start()
+        actor = start_driver(spec, job=job, node=controller.node_id)
+        return follow(actor, on_step)
+    finally:
+        if actor is not None:
+            ray.kill(actor, no_restart=True)
+        stop.set()
+        if server is not None:
+            server.join(timeout=10)
+        if ray.is_initialized():
+            ray.shutdown()
+
+
+def measured_here(recipe: Recipe, folder: Path) -> Recipe:
+    """On the local cloud a worker is a CPU slot standing in for a T4: with ``profile: auto``,
+    time the model on this machine once (runtime/profiler.py; kept in the job's folder) so the
+    plan's predictions are about this machine rather than a real T4."""
+    from runtime.models.specs import model_spec
+
+    spec = model_spec(recipe.model.name)
+    if recipe.model.profile != "auto" or spec.family != "gpt":
+        return recipe
+    path = (folder / f"profile-{spec.name}.json").resolve()
+    if not path.exists():
+        from orchestrator.profiles.measured import measured_profile
+        from orchestrator.profiles.profile import profile_to_json
+        from runtime.profiler import ProfilerConfig, profile_gpt
+
+        config = ProfilerConfig(
+            microbatch_sizes=recipe.training.microbatch_sizes,
+            optimizer=recipe.training.optimizer.name,
+            seed=recipe.training.seed,
+        )
+        measured = measured_profile(
+            profile_gpt(spec, config), gpu="T4", precision=recipe.training.precision
+        )
+        folder.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(profile_to_json(measured, "T4"), indent=1))
+        print(f"profiled {spec.name} on this machine: {path}", file=sys.stderr)
+    return dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, profile=str(path)))
