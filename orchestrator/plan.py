@@ -274,9 +274,12 @@ class Plan:
         return self._shape[2]
 
     def to_dict(self) -> dict:
+        """Plain JSON/YAML data: lists, not tuples (what a stored copy reads back as)."""
         document = dataclasses.asdict(self)
+        document["stages"] = list(document["stages"])
         for stage in document["stages"]:
             stage["layers"] = list(stage["layers"])
+            stage["replicas"] = list(stage["replicas"])
             for replica in stage["replicas"]:
                 if replica["instance_type"] is None:
                     del replica["instance_type"]
@@ -289,6 +292,29 @@ class Plan:
 
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=None)
+
+
+def plan_from_dict(document: dict) -> Plan:
+    """A plan from its ``to_dict`` form (or ``dataclasses.asdict``'s), as the driver keeps it in
+    its state: built directly, then checked; no YAML between."""
+    fields = {f.name for f in dataclasses.fields(Plan)}
+    unknown = set(document) - fields
+    if unknown:
+        raise PlanError(f"unknown plan fields {sorted(unknown)}", fix="a plan as to_dict writes it")
+    stages = tuple(
+        Stage(
+            layers=tuple(stage["layers"]),
+            replicas=tuple(Replica(**replica) for replica in stage["replicas"]),
+        )
+        for stage in document["stages"]
+    )
+    values = {**document, "stages": stages}
+    for optional in ("pipeline_microbatches", "pipeline_warmup"):
+        if values.get(optional) is not None:
+            values[optional] = tuple(values[optional])
+    plan = Plan(**values)
+    check_plan(plan)
+    return plan
 
 
 def parse_plan(text: str, *, file: str) -> Plan:

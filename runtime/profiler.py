@@ -24,7 +24,7 @@ of the output handed to the next layer. A parameter shared with an earlier layer
 belongs to the earlier layer, as in ``GptSpec.layer_parameters``.
 
 Times on CUDA come from CUDA events recorded on the stream; on CPU from ``time.perf_counter``. The
-result is plain data; the orchestrator turns it into a model profile (orchestrator/cli/profile_cmd.py).
+result is plain data; the orchestrator turns it into a model profile (orchestrator/profiles/measured.py).
 """
 
 from __future__ import annotations

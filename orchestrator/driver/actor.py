@@ -3,7 +3,7 @@
 ``python -m orchestrator submit`` starts the local cloud, then the job's driver as the actor
 ``driver-<job>`` (namespace ``geo-orchestrator``, ``max_restarts=-1``) on a controller node of its
 own (resource ``controller``, which the head also carries: a restart lands there, never on a
-training node), and follows it. The actor builds the driver (job.py) from the job's folder each time it starts:
+training node), and follows it. The actor builds the driver (assembly.py) from the job's folder each time it starts:
 when its node is preempted, Ray starts it again on another node, it loads the persisted state
 (state.py) and takes the job over (machine.py: ``Driver._restarted``). The actor reaches the local
 cloud through its gateway (provisioners/local/gateway.py), as a real deployment reaches a cloud's
@@ -20,7 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.driver.machine import Choice, StepResult
@@ -41,7 +41,7 @@ class DriverCrashed(RuntimeError):
 class DriverSpec:
     """What the actor needs to build its driver, on every start (Ray passes it again)."""
 
-    recipe: Recipe  # with its profile measured on this machine (job.py)
+    recipe: Recipe  # with its profile measured on this machine (local.py)
     recipe_path: str
     jobs_dir: str
     gateway: str  # the local cloud's gateway actor
@@ -49,6 +49,7 @@ class DriverSpec:
     preempt_location_at: tuple[int, ...] = ()
     preempt_driver_at: tuple[int, ...] = ()
     lose_at: tuple[int, ...] = ()  # nodes taken without notice
+    migration_s: float = 15.0  # a move's pause on this world until one is measured
 
 
 class DriverActor:
@@ -98,7 +99,7 @@ class DriverActor:
                 "state": self.driver.state.to_dict(),
                 "finished": self._finished,
                 "error": self._error,
-                "choice": None if choice is None else asdict(choice),
+                "choice": None if choice is None else choice.to_dict(),
                 "node": self._node,
             }
 

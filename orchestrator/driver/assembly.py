@@ -12,7 +12,6 @@ from orchestrator.driver.actor import DriverSpec
 from orchestrator.driver.chaos import ChaosSchedule
 from orchestrator.driver.events import EventLog
 from orchestrator.driver.job import STOP_FILE, job_folder, signing_key
-from orchestrator.driver.local import LOCAL_MIGRATION_S
 from orchestrator.driver.machine import Driver, DriverConfig, StepResult
 from orchestrator.driver.metrics import METRICS_FILE, DashboardMetrics, StepMetrics
 from orchestrator.driver.state import JobState, StateStore
@@ -99,7 +98,7 @@ def build_driver(
             max_attempts_s=recipe.recovery.max_seconds,
             backoff_s=recipe.recovery.backoff_s,
             max_backoff_s=recipe.recovery.max_backoff_s,
-            migration_s=LOCAL_MIGRATION_S,
+            migration_s=spec.migration_s,
             deadline_s=recipe.objective.deadline_h * 3600 if recipe.objective.deadline_h else None,
         ),
         state=state,

@@ -8,8 +8,10 @@ tests/unit/test_driver_machine.py; the machine runs the same against either.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Protocol
+
+from orchestrator.plan import Plan, plan_from_dict
 
 
 class WorkersLost(Exception):
@@ -59,7 +61,7 @@ class Request:
 
 @dataclass(frozen=True, kw_only=True)
 class Choice:
-    plan: dict  # the plan format
+    plan: Plan
     summary: str  # e.g. "2 stages x 2 replicas: T4 in local/sim-us/sim-us-a (2), ..."
     requests: tuple[Request, ...]
     samples_per_s: float  # predicted
@@ -69,8 +71,21 @@ class Choice:
 
     @classmethod
     def from_dict(cls, document: dict) -> Choice:
-        """The inverse of ``dataclasses.asdict`` (the driver persists its choice so)."""
-        return cls(**{**document, "requests": tuple(Request(**r) for r in document["requests"])})
+        """The inverse of ``to_dict`` (the driver persists its choice so)."""
+        return cls(
+            **{
+                **document,
+                "plan": plan_from_dict(document["plan"]),
+                "requests": tuple(Request(**r) for r in document["requests"]),
+            }
+        )
+
+    def to_dict(self) -> dict:
+        """JSON-ready: the plan in its own format."""
+        document = {f.name: getattr(self, f.name) for f in fields(self)}
+        document["plan"] = self.plan.to_dict()
+        document["requests"] = [asdict(r) for r in self.requests]
+        return document
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +116,7 @@ class Cloud(Protocol):
 
 
 class Trainer(Protocol):
-    def start(self, plan: dict, *, restore_step: int | None, same_nodes: bool = False) -> int:
+    def start(self, plan: Plan, *, restore_step: int | None, same_nodes: bool = False) -> int:
         """Start on ``plan`` from the checkpoint at ``restore_step`` (None: from scratch);
         return the step training resumes at (older than asked when that checkpoint is bad;
         ``unreadable`` then says why). Raises JobBroken when no checkpoint at or before
@@ -122,7 +137,7 @@ class Trainer(Protocol):
     def workers_name(self) -> str | None:
         """The running workers' name, by which a restarted driver finds them (None: none)."""
 
-    def attach(self, plan: dict, *, workers: str) -> bool:
+    def attach(self, plan: Plan, *, workers: str) -> bool:
         """Take over the running workers ``workers`` of ``plan`` (a restarted driver); False, and
         what is left of them freed, when they are not all alive."""
 

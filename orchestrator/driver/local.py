@@ -16,9 +16,9 @@ from orchestrator.driver.actor import NAMESPACE, DriverSpec, follow, start_drive
 from orchestrator.errors import UserError
 from orchestrator.recipe.schema import LocalCloudConfig, Recipe
 
-# a move's pause on the local cloud until one is measured: a restart from a checkpoint took
-# 4.6-6.9 s (median 5.1 s) in bench/recovery.py --path checkpoint
-LOCAL_MIGRATION_S = 5.0
+# a move's pause on the local cloud until one is measured (bench/recovery.py --path checkpoint,
+# BENCHMARKS.md): a restart from a checkpoint on a node booted as a process, or as a namespace VM
+MIGRATION_S = {"processes": 5.0, "namespaces": 13.0}
 
 
 def run_on_local_cloud(
@@ -35,19 +35,21 @@ def run_on_local_cloud(
     from provisioners.local.provisioner import LocalProvisioner
 
     recipe, local = spec.recipe, spec.recipe.local_cloud
+    cluster = local_vms(
+        local,
+        job=folder.name,
+        folder=folder,
+        recipe_path=recipe_path,
+        wanted=vms or local.vms,
+        grace_s=recipe.recovery.controller_grace_s,
+    )
+    spec = dataclasses.replace(spec, migration_s=MIGRATION_S[cluster.mode])
     provisioner = LocalProvisioner(
         seed=recipe.training.seed,
         notice_s=notice_s if notice_s is not None else local.notice_s,
         slow_nodes=local.slow_nodes,
         slowdown=local.slowdown,
-        cluster=local_vms(
-            local,
-            job=folder.name,
-            folder=folder,
-            recipe_path=recipe_path,
-            wanted=vms or local.vms,
-            grace_s=recipe.recovery.controller_grace_s,
-        ),
+        cluster=cluster,
     )
     try:
         return _serve_and_follow(provisioner, spec, folder.name, on_step)

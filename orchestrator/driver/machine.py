@@ -32,7 +32,6 @@ checkpoint at once, so that even a job whose workers die with it loses no commit
 from __future__ import annotations
 
 import enum
-import json
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
@@ -56,6 +55,7 @@ from orchestrator.driver.moves import Moves
 from orchestrator.driver.state import JobState, StateStore
 from orchestrator.driver.straggler import StragglerWatch
 from orchestrator.errors import UserError
+from orchestrator.plan import plan_from_dict
 from provisioners.base import NodeLost, PreemptionNotice
 
 
@@ -166,7 +166,7 @@ class Driver(Guards, Moves):
         self._save(driver_restarts=state.driver_restarts + 1, nodes=tuple(self.session.nodes))
         whole = bool(state.nodes) and alive == set(state.nodes)
         if was is Phase.TRAIN and state.workers and state.choice and state.plan and whole:
-            if self.trainer.attach(state.plan, workers=state.workers):
+            if self.trainer.attach(plan_from_dict(state.plan), workers=state.workers):
                 self.trainer.sweep(keep=state.workers)  # any group it was starting besides
                 self.session.choice = Choice.from_dict(state.choice)
                 self._log(
@@ -218,7 +218,7 @@ class Driver(Guards, Moves):
             plan_before=before,
             plan_after=choice.summary,
         )
-        self._save(plan=choice.plan, choice=json.loads(json.dumps(asdict(choice))))  # as stored
+        self._save(plan=choice.plan.to_dict(), choice=choice.to_dict())
         return Phase.LAUNCH
 
     def _choose(self, *, held_only: bool) -> Choice:

@@ -10,8 +10,7 @@ bookkeeping (``_checkpoint``, ``_log``, ``_save``).
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, replace
+from dataclasses import replace
 
 from orchestrator.driver.contract import Choice, deadline_rate
 from orchestrator.errors import UserError
@@ -63,7 +62,7 @@ class Moves:
             plan_after=best.summary,
             details={"step": self.state.step},
         )
-        self._save(plan=best.plan)
+        self._save(plan=best.plan.to_dict())
         return True
 
     def _deadline_floor(self) -> float | None:
@@ -105,7 +104,7 @@ class Moves:
         self.trainer.stop()
         self.session.lost_at_s, self.session.pause_event = self.clock(), "rebalanced"
         self.session.same_nodes = True  # each share stays with the node it was measured on
-        plan = {**current.plan, "pipeline_microbatches": list(proposal.shares_after)}
+        plan = replace(current.plan, pipeline_microbatches=tuple(proposal.shares_after))
         self.session.choice = replace(current, plan=plan)
         self._log(
             "rebalancing",
@@ -113,7 +112,7 @@ class Moves:
             why,
             details={"step": self.state.step, "shares": list(proposal.shares_after)},
         )
-        self._save(plan=plan, choice=json.loads(json.dumps(asdict(self.session.choice))))
+        self._save(plan=plan.to_dict(), choice=self.session.choice.to_dict())
         return True
 
     def _pause_s(self) -> float:

@@ -23,8 +23,6 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-import yaml
-
 from orchestrator.catalog import Catalog
 from orchestrator.catalog.offers import OfferTable
 from orchestrator.driver.contract import deadline_rate
@@ -40,7 +38,7 @@ from orchestrator.driver.machine import (
 from orchestrator.driver.straggler import pipeline_seconds
 from orchestrator.errors import UserError
 from orchestrator.market import convert_offers
-from orchestrator.plan import Plan, parse_plan
+from orchestrator.plan import Plan
 from orchestrator.recipe.schema import Recipe
 from provisioners.base import CapacityError, LaunchRequest, NodeState, Provisioner, QuotaError
 
@@ -91,7 +89,7 @@ class MarketPlans:
             )
         best = result.plans[0]
         return Choice(
-            plan=best.plan.to_dict(),
+            plan=best.plan,
             summary=describe(best.plan),
             requests=tuple(requests_for(best.plan, market)),
             samples_per_s=best.estimate.samples_per_s,
@@ -240,21 +238,18 @@ class RuntimeTrainer:
         self._healthy = True  # False once a worker failed: stop without waiting on it
         self._last_nodes: tuple[str, ...] | None = None  # Ray node per rank of the last start
 
-    def _layout(self, plan_document: dict):
+    def _layout(self, plan: Plan):
         from orchestrator.layout import layout_from_plan
 
-        plan = parse_plan(yaml.safe_dump(plan_document), file="<the driver's plan>")
-        return plan, layout_from_plan(plan, model=self.recipe.model.name, network=self.network)
+        return layout_from_plan(plan, model=self.recipe.model.name, network=self.network)
 
-    def start(
-        self, plan_document: dict, *, restore_step: int | None, same_nodes: bool = False
-    ) -> int:
+    def start(self, plan: Plan, *, restore_step: int | None, same_nodes: bool = False) -> int:
         import ray
 
         from runtime.group import WorkerGroup, WorkerPlacementError
         from runtime.reference import TrainConfig
 
-        plan, layout = self._layout(plan_document)
+        layout = self._layout(plan)
         training = self.recipe.training
         config = TrainConfig(
             steps=training.steps,
@@ -299,10 +294,10 @@ class RuntimeTrainer:
     def workers_name(self) -> str | None:
         return None if self.group is None else self.group.name
 
-    def attach(self, plan_document: dict, *, workers: str) -> bool:
+    def attach(self, plan: Plan, *, workers: str) -> bool:
         from runtime.group import WorkerGroup, WorkerPlacementError
 
-        _, layout = self._layout(plan_document)
+        layout = self._layout(plan)
         try:
             self.group = WorkerGroup.attach(layout, workers)
         except WorkerPlacementError as error:

@@ -106,6 +106,8 @@ class ClusterNodes:
 class LocalCluster(ClusterNodes):
     """Starts the head on first use; adds, drains and kills worker nodes."""
 
+    mode = "processes"  # what a VM is (vms.py: "namespaces")
+
     def __init__(self, *, head_cpus: int = 1, dies_with_owner: bool = True) -> None:
         """``dies_with_owner=False`` starts no reaper: the nodes then outlive a crash of this
         process (the way to a detached job, which would also skip the exit hook below)."""

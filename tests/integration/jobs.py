@@ -28,6 +28,7 @@ def fault_free_losses(plan: dict, recipe_text: str, folder) -> list[float]:
     for step, at a fraction of a submit's start-up."""
     from orchestrator.catalog import default_catalog
     from orchestrator.driver.world import RuntimeTrainer
+    from orchestrator.plan import plan_from_dict
     from orchestrator.recipe import parse_recipe
     from tests.integration.conftest import local_ray
 
@@ -43,7 +44,7 @@ def fault_free_losses(plan: dict, recipe_text: str, folder) -> list[float]:
             job="fault-free",
             checkpoint_url=str(folder / "fault-free-checkpoints"),
         )
-        trainer.start(plan, restore_step=None)
+        trainer.start(plan_from_dict(plan), restore_step=None)
         try:
             return [trainer.step(step).loss for step in range(recipe.training.steps)]
         finally:

@@ -45,14 +45,14 @@ def ray_cluster():
         yield ray
 
 
-def _plan(stages: int = 1, replicas: int = 1) -> dict:
+def _plan(stages: int = 1, replicas: int = 1) -> Plan:
     layers = [(0, 3), (3, 6)] if stages == 2 else [(0, 6)]
     return Plan.from_pipelines(
         global_batch_size=4,
         microbatch_size=2,
         layers=layers,
         pipelines=[(replicas, [Replica(gpu="T4", infra=A1) for _ in layers])],
-    ).to_dict()
+    )
 
 
 def _trainer(tmp_path: Path, *, lr: float | None = None, url: str | None = None) -> RuntimeTrainer:

@@ -19,9 +19,20 @@ from orchestrator.driver.machine import (
 )
 from orchestrator.driver.state import JobState, StateStore
 from orchestrator.errors import UserError
+from orchestrator.plan import Plan, Replica, Stage
 from provisioners.base import NodeLost, PreemptionNotice
 
 US, EU = "local/sim-us/sim-us-a", "local/sim-eu/sim-eu-a"
+
+
+def plan_in(place: str, *, nodes: int = 2) -> Plan:
+    """A real plan (the driver keeps and restores it) on ``nodes`` T4s in one place."""
+    replicas = tuple(Replica(gpu="T4", infra=place) for _ in range(nodes))
+    return Plan(
+        global_batch_size=8 * nodes,  # 4 microbatches per replica: shares to move
+        microbatch_size=2,
+        stages=(Stage(layers=(0, 6), replicas=replicas),),
+    )
 
 
 class FakePlans:
@@ -41,7 +52,7 @@ class FakePlans:
             place = next(p for p, n in held.items() if n)
             request = Request(infra=place, gpu="T4", count=1, spot=True, usd_per_node_hour=0.5)
             return Choice(
-                plan={"place": place, "nodes": 1},
+                plan=plan_in(place, nodes=1),
                 summary=f"1 x T4 in {place}",
                 requests=(request,),
                 samples_per_s=5.0,
@@ -51,7 +62,7 @@ class FakePlans:
             if place not in excluded:
                 request = Request(infra=place, gpu="T4", count=2, spot=True, usd_per_node_hour=0.5)
                 return Choice(
-                    plan={"place": place},
+                    plan=plan_in(place),
                     summary=f"2 x T4 in {place}",
                     requests=(request,),
                     samples_per_s=10.0,
@@ -131,7 +142,7 @@ class FakeTrainer:
         self.skipped: tuple[str, ...] = ()
         self.checked: list[int | None] = []  # check_restorable's calls
 
-    def start(self, plan: dict, *, restore_step: int | None, same_nodes: bool = False) -> int:
+    def start(self, plan: Plan, *, restore_step: int | None, same_nodes: bool = False) -> int:
         self.starts.append(restore_step)
         self.nodes = list(self.cloud.alive_nodes)
         self.name = f"workers-{len(self.cloud.workers)}"
@@ -179,7 +190,7 @@ class FakeTrainer:
     def workers_name(self) -> str | None:
         return self.name
 
-    def attach(self, plan: dict, *, workers: str) -> bool:
+    def attach(self, plan: Plan, *, workers: str) -> bool:
         nodes = self.cloud.workers.get(workers)
         if not nodes or any(n not in self.cloud.alive_nodes for n in nodes):
             self.cloud.workers.pop(workers, None)
@@ -390,7 +401,7 @@ def test_a_driver_that_died_while_starting_workers_frees_them_when_restarted(tmp
     cloud = FakeCloud({US: 2, EU: 2})
 
     class DiesStarting(FakeTrainer):
-        def start(self, plan: dict, *, restore_step: int | None, same_nodes: bool = False) -> int:
+        def start(self, plan: Plan, *, restore_step: int | None, same_nodes: bool = False) -> int:
             super().start(plan, restore_step=restore_step)
             raise DriverDied  # the group runs, its name never reached the state
 

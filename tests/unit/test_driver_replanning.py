@@ -16,6 +16,7 @@ from tests.unit.test_driver_machine import (
     FakeTrainer,
     make_driver,
     names,
+    plan_in,
 )
 
 
@@ -35,7 +36,7 @@ class CapacityPlans(FakePlans):
         place, rate = (US, self.us_rate) if room >= 2 and US not in excluded else (EU, 10.0)
         request = Request(infra=place, gpu="T4", count=2, spot=True, usd_per_node_hour=0.5)
         return Choice(
-            plan={"place": place},
+            plan=plan_in(place),
             summary=f"2 x T4 in {place}",
             requests=(request,),
             samples_per_s=rate,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from orchestrator.driver.events import read_events
 from orchestrator.driver.machine import StepResult
+from orchestrator.plan import Plan
 from tests.unit.test_driver_machine import EU, US, FakeCloud, FakeTrainer, make_driver, names
 
 
@@ -17,12 +18,12 @@ class SlowTrainer(FakeTrainer):
     def __init__(self, cloud, *, slow: float) -> None:
         super().__init__(cloud)
         self.slow, self.shares = slow, (4, 4)
-        self.plans: list[dict] = []
+        self.plans: list[Plan] = []
         self.same_nodes: list[bool] = []
 
-    def start(self, plan: dict, *, restore_step: int | None, same_nodes: bool = False) -> int:
+    def start(self, plan: Plan, *, restore_step: int | None, same_nodes: bool = False) -> int:
         self.plans.append(plan)
-        self.shares = tuple(plan.get("pipeline_microbatches", (4, 4)))
+        self.shares = plan.pipeline_microbatches or (4, 4)
         self.same_nodes.append(same_nodes)
         return super().start(plan, restore_step=restore_step)
 
@@ -50,7 +51,7 @@ def test_a_straggler_gets_a_smaller_share_on_the_same_nodes(tmp_path):
     assert list(state.losses) == [1.0 / (k + 1) for k in range(100)]  # nothing trained twice
     assert trainer.steps_run == 100
     assert trainer.starts == [None, 5]  # restarted from the checkpoint of the move
-    assert trainer.plans[-1]["pipeline_microbatches"] == [6, 2]
+    assert trainer.plans[-1].pipeline_microbatches == (6, 2)
     assert trainer.same_nodes == [False, True]  # each share stays with its measured node
     assert cloud.launched == 2  # the same two nodes: nothing launched for the move
     events = list(read_events(tmp_path / "job" / "events.jsonl"))

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from orchestrator.cli import main
-from orchestrator.plan import Plan, PlanError, Replica, parse_plan
+from orchestrator.plan import Plan, PlanError, Replica, parse_plan, plan_from_dict
 
 REPO = Path(__file__).resolve().parents[2]
 SAILOR_RECIPE = REPO / "recipes" / "sailor-opt350m-gcp-zones.yaml"
@@ -114,6 +115,22 @@ def test_plan_round_trips_through_yaml():
     plan = parse_plan(text, file="plan.yaml")
     again = parse_plan(plan.to_yaml(), file="again.yaml")
     assert again == plan and again.microbatches() == (256, 256)
+
+
+def test_plan_round_trips_through_its_stored_form():
+    """The driver keeps its plan as JSON in the job's state and builds it back without YAML."""
+    text = plan_text(stage_yaml("[0, 13]", [A100, A100]), stage_yaml("[13, 26]", [A100, A100]))
+    plan = parse_plan(text, file="plan.yaml")
+    shared = dataclasses.replace(plan, pipeline_microbatches=(300, 212))
+    for original in (plan, shared):
+        stored = json.loads(json.dumps(original.to_dict()))
+        assert stored == original.to_dict()  # plain lists: what a reload reads
+        assert plan_from_dict(stored) == original
+        assert plan_from_dict(dataclasses.asdict(original)) == original
+    with pytest.raises(PlanError, match="unknown plan fields"):
+        plan_from_dict({**plan.to_dict(), "stagez": []})
+    with pytest.raises(PlanError):  # checked as a parsed plan is
+        plan_from_dict({**plan.to_dict(), "pipeline_microbatches": [5, 5]})
 
 
 def test_compact_construction_matches_the_expanded_plan():
