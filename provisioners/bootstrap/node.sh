@@ -55,16 +55,7 @@ EOF
 
 step=firewall
 say "public interface $PUBLIC_IFACE: only UDP $WG_PORT in"
-nft -f - <<EOF
-table inet geo_orchestrator {
-  chain input {
-    type filter hook input priority 0; policy accept;
-    iifname "$PUBLIC_IFACE" udp dport $WG_PORT accept
-    iifname "$PUBLIC_IFACE" ct state established,related accept
-    iifname "$PUBLIC_IFACE" drop
-  }
-}
-EOF
+printf '%s' "$FIREWALL_RULES" | nft -f -
 
 step=overlay
 say "joining the overlay"

@@ -30,6 +30,20 @@ VM_SHUTDOWN = "shutdown -h now"
 CLOUD_LOG_FILE = "/var/log/geo-orchestrator-bootstrap.log"
 
 
+def firewall_rules(public_iface: str, wg_port: int) -> str:
+    """nftables rules for a node's public interface: WireGuard in, replies to what the node
+    opened, nothing else (Ray's GCS and raylets listen on every address)."""
+    return f"""table inet geo_orchestrator {{
+  chain input {{
+    type filter hook input priority 0; policy accept;
+    iifname "{public_iface}" udp dport {wg_port} accept
+    iifname "{public_iface}" ct state established,related accept
+    iifname "{public_iface}" drop
+  }}
+}}
+"""
+
+
 class ScriptTooLarge(ValueError):
     """A rendered script exceeds what the provider's boot-script field takes."""
 
@@ -103,6 +117,7 @@ def render(boot: NodeBoot) -> str:
         "TORCH_INDEX_URL": install.torch_index_url,
         "PUBLIC_IFACE": boot.public_iface,
         "WG_PORT": str(boot.wg_port),
+        "FIREWALL_RULES": firewall_rules(boot.public_iface, boot.wg_port),
         "JOIN_TOKEN": boot.join_token,
         "JOIN_TIMEOUT_S": f"{boot.join_timeout_s:g}",
         "RAY_ADDRESS": boot.ray_address,

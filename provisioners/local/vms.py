@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioners.bootstrap.script import TAIL_LINES, Install, NodeBoot, render
+from provisioners.bootstrap.script import TAIL_LINES, Install, NodeBoot, firewall_rules, render
 from provisioners.local import netns, reaper
 from provisioners.local.cluster import (
     OBJECT_STORE_BYTES,
@@ -48,7 +48,7 @@ from provisioners.local.cluster import (
     alive_nodes,
 )
 from provisioners.overlay import wg
-from provisioners.overlay.service import ADMIN_SOCKET, admin_call
+from provisioners.overlay.service import ADMIN_SOCKET, WG_PORT, admin_call
 
 log = logging.getLogger(__name__)
 
@@ -59,15 +59,6 @@ SERVICE_READY_S = 30.0
 JOIN_POLL_S = 0.25  # how long one wait on a booting node's process lasts between GCS looks
 TOKEN_TTL_S = 120.0  # a local VM boots in seconds: its token need not live longer
 RAY_ENV = {"RAY_AUTH_MODE": "disabled"}  # as the local head (cluster.py)
-FIREWALL = """table inet geo_orchestrator {{
-  chain input {{
-    type filter hook input priority 0; policy accept;
-    iifname "eth0" udp dport {port} accept
-    iifname "eth0" ct state established,related accept
-    iifname "eth0" drop
-  }}
-}}
-"""
 
 
 class BootstrapFailed(RuntimeError):
@@ -195,7 +186,8 @@ class NamespaceCluster(ClusterNodes):
         self._reaper = reaper.Reaper.start(session, netns_prefix=netns.prefix(self.job))
         try:
             controller = self._internet.add_vm(CONTROLLER_VM)
-            netns.run_in(controller, ["nft", "-f", "-"], input_text=FIREWALL.format(port=51820))
+            rules = firewall_rules("eth0", WG_PORT)  # the controller VM's: as every node's
+            netns.run_in(controller, ["nft", "-f", "-"], input_text=rules)
             controller_ip = self._start_overlay(controller)
             if self.install is None:
                 self.install = controller_install(build_wheel(self.folder / "wheel"))

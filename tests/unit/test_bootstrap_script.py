@@ -67,6 +67,13 @@ def test_it_pins_the_controllers_versions_and_never_latest():
     assert '"ray[default]==$RAY_VERSION"' in text and '"torch==$TORCH_VERSION"' in text
 
 
+def test_the_firewall_lets_only_wireguard_in_on_the_public_interface():
+    text = script.render(_boot(public_iface="ens5", wg_port=51999))
+    [rules] = _header_values(text, ["FIREWALL_RULES"])
+    assert 'iifname "ens5" udp dport 51999 accept' in rules
+    assert rules.rstrip().splitlines()[-3].strip() == 'iifname "ens5" drop'  # the last rule
+
+
 def test_the_token_is_not_in_the_boot_description():
     assert "secret-token" not in repr(_boot())
 
