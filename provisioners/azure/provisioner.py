@@ -13,6 +13,7 @@ The SDK is imported only inside methods, so this module imports without it.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -29,7 +30,14 @@ from provisioners.azure.errors import CLOUD, from_code, map_error
 from provisioners.azure.network import ArmNics, NicFactory
 from provisioners.azure.prices import PRICES_URL, RetailPrices, SizePrice
 from provisioners.azure.skus import GpuSize, gpu_sizes
-from provisioners.azure.vm import GANG_TAG, VmSettings, VmStatus, read_status, vm_body
+from provisioners.azure.vm import (
+    GANG_TAG,
+    VmSettings,
+    VmStatus,
+    read_status,
+    throwaway_public_key,
+    vm_body,
+)
 from provisioners.base import (
     CapacityError,
     CloudCallError,
@@ -119,6 +127,14 @@ class AzureProvisioner(Provisioner):
         self._events: deque[Event] = deque()
         self._lock = threading.Lock()
         self._stop = threading.Event()  # set by close(); interrupts every wait
+
+    def _vm_settings(self) -> VmSettings:
+        """The VM settings with a login key: ARM refuses a Linux VM with neither key nor
+        password, so without one a throwaway key is made at the first launch."""
+        with self._lock:
+            if self.vm.ssh_public_key is None:
+                self.vm = dataclasses.replace(self.vm, ssh_public_key=throwaway_public_key())
+            return self.vm
 
     # ---- clients ---------------------------------------------------------------------------------
 
@@ -343,7 +359,7 @@ class AzureProvisioner(Provisioner):
         nic_id = self._nics().create(name=name, location=region, deadline_s=deadline_s)
         tags = {GANG_TAG: request.gang, **dict(request.labels)}
         body = vm_body(
-            self.vm,
+            self._vm_settings(),
             name=name,
             location=region,
             zone=zone,

@@ -27,7 +27,10 @@ class VmSettings:
     image_sku: str = "2204"
     image_version: str = "latest"
     admin_username: str = "azureuser"
-    ssh_public_key: str | None = None  # a public key (not a secret); Azure requires one for Linux
+    # a public key (not a secret); Azure requires one for a Linux VM without a password. None: a
+    # throwaway key made per provisioner whose private half is never kept: nobody logs in to a
+    # node, which joins its job by the bootstrap (docs/bootstrap.md)
+    ssh_public_key: str | None = None
     os_disk_size_gib: int = 256
     eviction_policy: str = "Delete"
     spot_max_price_usd_per_hour: float = -1.0  # -1: up to the pay-as-you-go price
@@ -86,7 +89,21 @@ def vm_body(
     return body
 
 
+def throwaway_public_key() -> str:
+    """An RSA 3072 public key in OpenSSH form whose private half is dropped at once (RSA: the
+    key type every Azure region accepts)."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import rsa
+
+    key = rsa.generate_private_key(public_exponent=65537, key_size=3072)
+    public = key.public_key().public_bytes(
+        serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+    )
+    return public.decode("ascii") + " geo-orchestrator-no-login"
+
+
 def _os_profile(settings: VmSettings, name: str) -> dict[str, Any]:
+    assert settings.ssh_public_key, "the provisioner sets a key"
     key_path = f"/home/{settings.admin_username}/.ssh/authorized_keys"
     return {
         "computerName": name[:64],

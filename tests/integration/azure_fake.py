@@ -282,9 +282,11 @@ class FakeAzure:
         if props.get("priority") == "Spot":
             if props.get("evictionPolicy") not in ("Delete", "Deallocate"):
                 return "a Spot VM needs evictionPolicy Delete or Deallocate"
-            if "maxPrice" not in props.get("billingProfile", {}):
-                return "a Spot VM needs billingProfile.maxPrice"
-        return None
+            # billingProfile.maxPrice may be left out: ARM then caps at the pay-as-you-go price
+            price = props.get("billingProfile", {}).get("maxPrice", -1)
+            if price != -1 and not (isinstance(price, (int, float)) and price > 0):
+                return f"billingProfile.maxPrice {price!r}: -1 or a positive price"
+        return _invalid_login(props.get("osProfile", {}))
 
     def _async(self, request: HttpRequest, http_status: int, body: dict, **op: Any):
         op_id = f"op-{next(self._ids)}"
@@ -377,3 +379,25 @@ class FakeAzureTransport(HttpTransport):
 
     def __exit__(self, *args: Any) -> None:
         return None
+
+
+def _invalid_login(profile: dict) -> str | None:
+    """ARM's rules for a Linux VM's login: an admin name, and with passwords off at least one
+    OpenSSH public key at that user's authorized_keys."""
+    user = profile.get("adminUsername")
+    if not user or user in {"admin", "root", "administrator", "user", "guest"}:
+        return f"adminUsername {user!r} is missing or reserved"
+    linux = profile.get("linuxConfiguration", {})
+    if linux.get("disablePasswordAuthentication") and not profile.get("adminPassword"):
+        keys = linux.get("ssh", {}).get("publicKeys") or []
+        if not keys:
+            return "Authentication using either SSH or by user name and password must be enabled"
+        for key in keys:
+            data = key.get("keyData") or ""
+            if not data.startswith(("ssh-rsa AAAA", "ssh-ed25519 AAAA")):
+                return f"the value of keyData is not a valid SSH public key: {data[:20]!r}"
+            if key.get("path") != f"/home/{user}/.ssh/authorized_keys":
+                return (
+                    f"the SSH key path {key.get('path')!r} is not /home/{user}/.ssh/authorized_keys"
+                )
+    return None

@@ -206,6 +206,35 @@ def test_on_demand_create_has_no_spot_fields(azure: AzureProvisioner, cloud: Fak
     assert not {"priority", "evictionPolicy", "billingProfile"} & set(props)
 
 
+def test_without_a_key_a_throwaway_one_is_sent_and_arm_accepts_it(cloud: FakeAzure, planted):
+    """ARM refuses a Linux VM with passwords off and no SSH key; nobody logs in to a node, so an
+    RSA key whose private half is never kept is made once and used for every VM."""
+    azure = make(cloud, vm=VmSettings())
+    try:
+        azure.launch(request(count=1))
+        azure.launch(request(count=1, gang="g2"))
+    finally:
+        azure.close()
+    keys = [
+        b["properties"]["osProfile"]["linuxConfiguration"]["ssh"]["publicKeys"]
+        for b in cloud.create_bodies
+    ]
+    assert len(keys) == 2 and keys[0] == keys[1]
+    (key,) = keys[0]
+    assert key["keyData"].startswith("ssh-rsa AAAA")
+    assert key["path"] == "/home/azureuser/.ssh/authorized_keys"
+    assert "PRIVATE" not in repr(azure.vm)
+
+
+def test_a_key_arm_would_refuse_is_refused_by_the_fake_too(cloud: FakeAzure, planted):
+    azure = make(cloud, vm=VmSettings(ssh_public_key="not a key"))
+    try:
+        with pytest.raises(CloudCallError, match="not a valid SSH public key"):
+            azure.launch(request(count=1))
+    finally:
+        azure.close()
+
+
 def test_regional_launch_lets_azure_pick_the_zone(azure: AzureProvisioner, cloud: FakeAzure):
     req = request(count=1, infra="azure/westus2", instance_type="Standard_NC6s_v3", gpu="V100")
     (node,) = azure.launch(req)
