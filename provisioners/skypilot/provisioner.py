@@ -37,7 +37,14 @@ from provisioners.base import (
     poll_until_events,
 )
 from provisioners.skypilot import catalog, credentials
-from provisioners.skypilot.sdk import CLOUD, RequestTimeout, load_sdk, to_error, wait
+from provisioners.skypilot.sdk import (
+    CLOUD,
+    RequestTimeout,
+    check_request,
+    load_sdk,
+    to_error,
+    wait,
+)
 from provisioners.skypilot.task import SKYPILOT_RAY_PORT, build_task, cluster_name
 
 log = logging.getLogger(__name__)
@@ -196,7 +203,7 @@ class SkyPilotProvisioner(Provisioner):
         self._sky()  # SdkMissing first: nothing else matters without the SDK
         if self.config.credential_check == "skypilot":
             result = self._call(
-                "sky.check", ", ".join(clouds), lambda s: s.check(tuple(clouds), False)
+                "sky.check", ", ".join(clouds), lambda s: check_request(s, tuple(clouds))
             )
             missing = credentials.missing_by_check(clouds, result)
         else:

@@ -39,6 +39,7 @@ def load_sdk() -> Any:
     try:
         import sky
         import sky.catalog.common  # noqa: F401  (the catalog CSV loader behind offers)
+        import sky.client.sdk  # noqa: F401  (its check: `sky.check` is a module since 0.10)
         import sky.exceptions  # noqa: F401  (the error types we map)
     except ImportError as error:
         raise SdkMissing(
@@ -48,6 +49,12 @@ def load_sdk() -> Any:
             fix=PIP_EXTRA,
         ) from None
     return sky
+
+
+def check_request(sdk: Any, clouds: tuple[str, ...]) -> Any:
+    """Submit ``sky check`` for ``clouds``; its request id. The client SDK's ``check`` lives in
+    ``sky.client.sdk``: at the top level ``sky.check`` is the server-side module, not callable."""
+    return sdk.client.sdk.check(clouds, False)
 
 
 def request_state(sdk: Any, request_id: Any) -> str:

@@ -16,7 +16,7 @@ import sys
 import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -93,6 +93,10 @@ class FakeSky:
     _results: dict[str, tuple[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        # as in SkyPilot >= 0.10: the top-level `check` is a module (calling it fails); the
+        # client's function is sky.client.sdk.check
+        self.check = ModuleType("sky.check")
+        self.client = SimpleNamespace(sdk=SimpleNamespace(check=self._check))
         self.exceptions = SimpleNamespace(
             ResourcesUnavailableError=ResourcesUnavailableError,
             ClusterDoesNotExist=ClusterDoesNotExist,
@@ -166,7 +170,8 @@ class FakeSky:
             return self._request("FAILED", ClusterDoesNotExist(f"{cluster_name} does not exist"))
         return self._request("SUCCEEDED", None)
 
-    def check(self, clouds: tuple[str, ...], verbose: bool) -> str:
+    def _check(self, infra_list: tuple[str, ...] | None, verbose: bool, workspace=None) -> str:
+        """``sky.client.sdk.check``: a request id, whose result is ``{workspace: {cloud: [..]}}``."""
         return self._request("SUCCEEDED", self.check_result)
 
     # what a cloud does
