@@ -250,10 +250,13 @@ class Reaper:
         self.process, self._write_fd = process, write_fd
 
     @classmethod
-    def start(cls, session: str, *, netns_prefix: str | None = None) -> Reaper | None:
+    def start(
+        cls, session: str, *, netns_prefix: str | None = None, remove_dir: str | None = None
+    ) -> Reaper | None:
         """A reaper for Ray session ``session`` (a name, ``session_<date>_<pid>``) and, with
-        ``netns_prefix``, the network namespaces of the job's VMs; None where this system has no
-        pidfds (the cluster then dies with its owner only on a normal exit)."""
+        ``netns_prefix``, the network namespaces of the job's VMs (and ``remove_dir``, a folder
+        of theirs outside the job's); None where this system has no pidfds (the cluster then
+        dies with its owner only on a normal exit)."""
         if not supported():
             log.warning("local cloud: no reaper on %s: nodes may outlive a crash", sys.platform)
             return None
@@ -262,7 +265,8 @@ class Reaper:
             process = subprocess.Popen(
                 [sys.executable, "-I", str(Path(__file__).resolve()), "--session", session]
                 + ["--owner", str(os.getpid()), "--fd", str(read_fd)]
-                + (["--netns-prefix", netns_prefix] if netns_prefix else []),
+                + (["--netns-prefix", netns_prefix] if netns_prefix else [])
+                + (["--remove-dir", remove_dir] if remove_dir else []),
                 pass_fds=(read_fd,),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -319,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--owner", type=int, required=True, help="the owner's pid")
     parser.add_argument("--fd", type=int, required=True, help="the pipe's read end")
     parser.add_argument("--netns-prefix", help="also remove the namespaces named so")
+    parser.add_argument("--remove-dir", help="and this folder (a dead owner's runtime files)")
     args = parser.parse_args(argv)
     why = _wait_for_owner(args.fd, args.owner)
     started = time.monotonic()
@@ -333,6 +338,10 @@ def main(argv: list[str] | None = None) -> int:
         removed = sweep_namespaces(args.netns_prefix)
         if removed:
             print(f"local cloud reaper ({why}): removed {len(removed)} namespaces", file=sys.stderr)
+    if args.remove_dir and why != "released":
+        import shutil
+
+        shutil.rmtree(args.remove_dir, ignore_errors=True)
     return 0
 
 

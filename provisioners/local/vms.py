@@ -33,6 +33,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -183,7 +184,11 @@ class NamespaceCluster(ClusterNodes):
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._internet = netns.Internet(self.job)
         self._internet.create()
-        self._reaper = reaper.Reaper.start(session, netns_prefix=netns.prefix(self.job))
+        # a Unix socket's path is limited to 107 bytes, a job's folder is not
+        self._runtime_dir = Path(tempfile.mkdtemp(prefix=f"geo-{self.job[:20]}-"))  # 0700
+        self._reaper = reaper.Reaper.start(
+            session, netns_prefix=netns.prefix(self.job), remove_dir=str(self._runtime_dir)
+        )
         try:
             controller = self._internet.add_vm(CONTROLLER_VM)
             rules = firewall_rules("eth0", WG_PORT)  # the controller VM's: as every node's
@@ -200,11 +205,8 @@ class NamespaceCluster(ClusterNodes):
     def _start_overlay(self, controller: netns.Vm) -> str:
         """The join service in the controller VM; its overlay address once it is ready."""
         import json
-        import tempfile
 
         state = self.folder / CONTROLLER_VM / "overlay"
-        # a Unix socket's path is limited to 107 bytes, a job's folder is not
-        self._runtime_dir = Path(tempfile.mkdtemp(prefix=f"geo-{self.job[:20]}-"))  # 0700
         self._service = self._internet.popen(
             controller,
             [sys.executable, "-m", "provisioners.overlay.service", "--job", self.job]
