@@ -14,7 +14,7 @@ from pathlib import Path
 
 from orchestrator.driver.actor import NAMESPACE, DriverSpec, follow, start_driver
 from orchestrator.errors import UserError
-from orchestrator.recipe.schema import LocalCloudConfig, Recipe
+from orchestrator.recipe.schema import Recipe
 
 # a move's pause on the local cloud until one is measured (bench/recovery.py --path checkpoint,
 # BENCHMARKS.md): a restart from a checkpoint on a node booted as a process, or as a namespace VM
@@ -36,7 +36,6 @@ def run_on_local_cloud(
 
     recipe, local = spec.recipe, spec.recipe.local_cloud
     cluster = local_vms(
-        local,
         job=folder.name,
         folder=folder,
         recipe_path=recipe_path,
@@ -58,7 +57,6 @@ def run_on_local_cloud(
 
 
 def local_vms(
-    local: LocalCloudConfig,
     *,
     job: str,
     folder: Path,

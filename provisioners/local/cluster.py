@@ -125,11 +125,11 @@ class LocalCluster(ClusterNodes):
         if self._cluster is None:
             start = time.monotonic()
             # named here, not by Ray, so that the reaper knows it before the first process
-            session = _session_name()
+            session = session_name()
             if self._dies_with_owner:
                 self._reaper = reaper.Reaper.start(session)
             try:
-                self._cluster = _start_head(session, self._head_cpus)
+                self._cluster = start_head(session, self._head_cpus)
             except BaseException:
                 self._release_reaper()  # it sweeps what a failed start left running
                 raise
@@ -218,7 +218,7 @@ def alive_nodes(address: str, *, label: str | None = None) -> dict[str, str]:
     }
 
 
-def _start_head(session: str, cpus: int, *, node_ip: str | None = None):
+def start_head(session: str, cpus: int, *, node_ip: str | None = None):
     """A ``ray.cluster_utils.Cluster`` with its head node started, in Ray session ``session``
     (listening on ``node_ip`` where given: a namespace VM's overlay address)."""
     import ray.cluster_utils
@@ -244,7 +244,7 @@ def _start_head(session: str, cpus: int, *, node_ip: str | None = None):
     )
 
 
-def _session_name() -> str:
+def session_name() -> str:
     """A Ray session name in Ray's own format: the time to the microsecond and our pid."""
     stamp = datetime.datetime.now().strftime("%Y-%m-%d_%H-%M-%S_%f")
     return f"session_{stamp}_{os.getpid()}"

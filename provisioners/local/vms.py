@@ -44,9 +44,9 @@ from provisioners.local.cluster import (
     OBJECT_STORE_BYTES,
     ClusterNodes,
     NodeSpec,
-    _session_name,
-    _start_head,
     alive_nodes,
+    session_name,
+    start_head,
 )
 from provisioners.overlay import wg
 from provisioners.overlay.service import ADMIN_SOCKET, WG_PORT, admin_call
@@ -180,7 +180,7 @@ class NamespaceCluster(ClusterNodes):
         return self._cluster
 
     def _start(self) -> None:
-        session = _session_name()
+        session = session_name()
         self.folder.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._internet = netns.Internet(self.job)
         self._internet.create()
@@ -197,7 +197,7 @@ class NamespaceCluster(ClusterNodes):
             if self.install is None:
                 self.install = controller_install(build_wheel(self.folder / "wheel"))
             self._entered = netns.Entered(controller.netns)
-            self._cluster = _start_head(session, self._head_cpus, node_ip=controller_ip)
+            self._cluster = start_head(session, self._head_cpus, node_ip=controller_ip)
         except BaseException:
             self.shutdown()
             raise
