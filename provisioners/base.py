@@ -162,10 +162,15 @@ class LaunchRequest:
     spot: bool = True
     labels: tuple[tuple[str, str], ...] = ()  # extra key/value labels to put on every node
     timeout_s: float = 600.0  # how long to wait for every node to run before giving up
+    # the boot script of each node, in order (user-data, startup-script, customData, a SkyPilot
+    # run): node i of the answer ran script i. () boots the image as it is. A script holds a
+    # one-use join token: a secret, never logged (repr hides it)
+    boot_scripts: tuple[str, ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         assert self.count >= 1, "a gang has at least one node"
         assert self.infra.count("/") >= 1, "infra names a cloud and a region"
+        assert not self.boot_scripts or len(self.boot_scripts) == self.count, "a script per node"
 
     @property
     def cloud(self) -> str:

@@ -50,6 +50,7 @@ from provisioners.base import (
     ProvisionerError,
     poll_until_events,
 )
+from provisioners.bootstrap.script import aws_user_data, boot_data
 
 log = logging.getLogger(__name__)
 
@@ -254,13 +255,23 @@ class AwsProvisioner(Provisioner):
     def launch(self, request: LaunchRequest) -> list[Node]:
         region, zone = _location(request)
         ec2 = self._client("ec2", region)
-        params = self._run_params(request, zone, self._image(region))
-        reply = call(ec2, "run_instances", **params)  # all or none: MinCount == MaxCount
-        ids = [i["InstanceId"] for i in reply["Instances"]]
+        image = self._image(region)
+        # one call for the gang (all or none: MinCount == MaxCount), or, where each node has a
+        # boot script of its own (its join token), one call per node and all-or-none by hand
+        batches = [
+            (1, boot_data(aws_user_data, s, cloud=CLOUD, call="ec2.run_instances"))
+            for s in request.boot_scripts
+        ] or [(request.count, None)]
+        ids: list[str] = []
         try:
+            for count, script in batches:
+                params = self._run_params(request, zone, image, count=count, user_data=script)
+                reply = call(ec2, "run_instances", **params)
+                ids += [i["InstanceId"] for i in reply["Instances"]]
             running = self._wait_running(ec2, ids, request)
         except BaseException:
-            self._abandon(region, ids, request)
+            if ids:
+                self._abandon(region, ids, request)
             raise
         nodes = [self._node(request, region, instance) for instance in running]
         for node in nodes:
@@ -268,16 +279,26 @@ class AwsProvisioner(Provisioner):
             self._pending.append(NodeReady(node=node))
         return nodes
 
-    def _run_params(self, request: LaunchRequest, zone: str | None, image: str) -> dict[str, Any]:
+    def _run_params(
+        self,
+        request: LaunchRequest,
+        zone: str | None,
+        image: str,
+        *,
+        count: int,
+        user_data: str | None,
+    ) -> dict[str, Any]:
         tags = [{"Key": GANG_TAG, "Value": request.gang}, {"Key": "Name", "Value": request.gang}]
         tags += [{"Key": k, "Value": v} for k, v in request.labels]
         params: dict[str, Any] = {
             "ImageId": image,
             "InstanceType": request.instance_type,
-            "MinCount": request.count,
-            "MaxCount": request.count,
+            "MinCount": count,
+            "MaxCount": count,
             "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
         }
+        if user_data is not None:
+            params["UserData"] = user_data  # boto3 base64-encodes it
         if zone:
             params["Placement"] = {"AvailabilityZone": zone}
         if request.spot:

@@ -55,6 +55,7 @@ from provisioners.base import (
     poll_until_events,
     scrub,
 )
+from provisioners.bootstrap.script import azure_custom_data, boot_data
 
 log = logging.getLogger(__name__)
 SDK_FIX = "pip install 'geo-orchestrator[azure]'"
@@ -206,6 +207,10 @@ class AzureProvisioner(Provisioner):
         return offers
 
     def launch(self, request: LaunchRequest) -> list[Node]:
+        custom_data = [  # too long: say so before anything is created
+            boot_data(azure_custom_data, s, cloud=CLOUD, call="virtual_machines.create")
+            for s in request.boot_scripts
+        ]
         region, zone = self._where(request)
         self._nics()  # fail before creating anything if there is no network to put VMs in
         gpus = self._gpus_per_node(request.instance_type, region)
@@ -217,7 +222,12 @@ class AzureProvisioner(Provisioner):
                 tracked = self._track(request, region, zone, index, gpus)
                 gang.append(tracked)
                 pollers[tracked.node.node_id] = self._create(
-                    tracked, region, zone, request, deadline_s
+                    tracked,
+                    region,
+                    zone,
+                    request,
+                    deadline_s,
+                    custom_data=custom_data[index] if custom_data else None,
                 )
             self._wait_running(gang, pollers, deadline_s, request.infra)
             ready = [self._mark_running(t) for t in gang]
@@ -351,6 +361,8 @@ class AzureProvisioner(Provisioner):
         zone: str | None,
         request: LaunchRequest,
         deadline_s: float,
+        *,
+        custom_data: str | None,
     ) -> Any:
         """Create the NIC and start the VM create; returns the operation's poller."""
         from azure.core.exceptions import AzureError
@@ -367,6 +379,7 @@ class AzureProvisioner(Provisioner):
             spot=request.spot,
             nic_id=nic_id,
             tags=tags,
+            custom_data=custom_data,
         )
         try:
             poller = self._compute().virtual_machines.begin_create_or_update(

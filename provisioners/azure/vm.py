@@ -54,8 +54,10 @@ def vm_body(
     spot: bool,
     nic_id: str,
     tags: Mapping[str, str],
+    custom_data: str | None = None,
 ) -> dict[str, Any]:
-    """The ``virtualMachines`` PUT body (REST shape) for one node."""
+    """The ``virtualMachines`` PUT body (REST shape) for one node; ``custom_data`` (base64) is
+    its boot script, which cloud-init runs at first boot."""
     properties: dict[str, Any] = {
         "hardwareProfile": {"vmSize": size},
         "storageProfile": {
@@ -72,7 +74,7 @@ def vm_body(
                 "managedDisk": {"storageAccountType": "Premium_LRS"},
             },
         },
-        "osProfile": _os_profile(settings, name),
+        "osProfile": _os_profile(settings, name, custom_data),
         "networkProfile": {
             "networkInterfaces": [{"id": nic_id, "properties": {"deleteOption": "Delete"}}]
         },
@@ -102,10 +104,12 @@ def throwaway_public_key() -> str:
     return public.decode("ascii") + " geo-orchestrator-no-login"
 
 
-def _os_profile(settings: VmSettings, name: str) -> dict[str, Any]:
+def _os_profile(settings: VmSettings, name: str, custom_data: str | None) -> dict[str, Any]:
     assert settings.ssh_public_key, "the provisioner sets a key"
     key_path = f"/home/{settings.admin_username}/.ssh/authorized_keys"
+    extra = {} if custom_data is None else {"customData": custom_data}
     return {
+        **extra,
         "computerName": name[:64],
         "adminUsername": settings.admin_username,
         "linuxConfiguration": {

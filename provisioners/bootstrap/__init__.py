@@ -4,5 +4,5 @@
 versions, close the public interface to all but WireGuard, join the overlay with a one-use token,
 ``ray start`` on the overlay address with the node's labels and resources, then run the watcher
 (``watcher.py``: peer sync, preemption notices, the dead-man switch). ``script.aws_user_data``,
-``gcp_metadata``, ``azure_custom_data`` and ``skypilot_task`` wrap it for each provider.
+``gcp_metadata``, ``azure_custom_data`` and ``skypilot_run`` wrap it for each provider.
 """

@@ -8,8 +8,8 @@ where preemption notices come from, how the node shuts itself down) and the wrap
 - AWS: ``UserData`` of ``run_instances`` (cloud-init runs a script that starts with ``#!``);
   at most 16 KiB before base64 (boto3 encodes it);
 - GCP: the ``startup-script`` metadata item (256 KiB);
-- Azure: ``customData``, base64 (64 KiB encoded);
-- SkyPilot: a task's ``setup`` (nothing: the script installs itself) and ``run`` (the script).
+- Azure: ``customData``, base64 (87380 characters: 64 KiB decoded);
+- SkyPilot: a task's ``run``, which gives node ``$SKYPILOT_NODE_RANK`` its own script.
 """
 
 from __future__ import annotations
@@ -17,14 +17,19 @@ from __future__ import annotations
 import base64
 import json
 import shlex
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Literal
+from typing import Literal, TypeVar
+
+from provisioners.base import CloudCallError
+
+T = TypeVar("T")
 
 TAIL_LINES = 20  # log lines a failed bootstrap shows
 AWS_USER_DATA_MAX_BYTES = 16 * 1024
 GCP_METADATA_MAX_BYTES = 256 * 1024
-AZURE_CUSTOM_DATA_MAX_BYTES = 64 * 1024  # of the base64 text
+AZURE_CUSTOM_DATA_MAX_BYTES = 87380  # characters of base64 (ARM's rule: 64 KiB decoded)
 # the shutdown a real VM runs (each adapter launches with "delete/terminate on shutdown")
 VM_SHUTDOWN = "shutdown -h now"
 CLOUD_LOG_FILE = "/var/log/geo-orchestrator-bootstrap.log"
@@ -154,10 +159,32 @@ def azure_custom_data(script: str) -> str:
     return encoded
 
 
-def skypilot_task(script: str) -> dict:
-    """A SkyPilot task's ``setup`` and ``run``: the script does both (it installs, then stays
-    in the foreground as the node's watcher, which is what SkyPilot's ``run`` expects)."""
-    return {"setup": "true", "run": f"bash -c {shlex.quote(script)}"}
+def skypilot_run(scripts: Sequence[str]) -> str:
+    """A SkyPilot task's ``run`` for a gang: node ``$SKYPILOT_NODE_RANK`` runs script number
+    rank (its own join token), which installs, joins and then stays in the foreground as the
+    node's watcher, as SkyPilot expects of ``run``; the task's ``setup`` is empty."""
+    cases = "\n".join(
+        f"  {rank}) exec bash -c {shlex.quote(text)} ;;" for rank, text in enumerate(scripts)
+    )
+    return (
+        f'case "${{SKYPILOT_NODE_RANK:-0}}" in\n{cases}\n'
+        '  *) echo "no boot script for node rank $SKYPILOT_NODE_RANK" >&2; exit 1 ;;\nesac\n'
+    )
+
+
+def boot_data(encode: Callable[[str], T], script: str, *, cloud: str, call: str) -> T:
+    """``encode(script)`` (one of the wrappers above); a script too long for the cloud's field is
+    the contract's ``CloudCallError``, raised before anything is launched."""
+    try:
+        return encode(script)
+    except ScriptTooLarge as error:
+        raise CloudCallError(
+            str(error),
+            cloud=cloud,
+            call=call,
+            fix="launch fewer nodes per gang, or shorten the labels and environment the boot "
+            "script carries",
+        ) from None
 
 
 def _fits(data: bytes, limit: int, what: str) -> None:

@@ -2,7 +2,8 @@
 
 Kept apart from the provisioner so that the body of ``instances.insert`` is easy to read and to
 check: a spot node is ``provisioningModel=SPOT`` with a termination action and no automatic
-restart; every GPU node has ``onHostMaintenance=TERMINATE`` (GPU VMs cannot live-migrate).
+restart; every GPU node has ``onHostMaintenance=TERMINATE`` (GPU VMs cannot live-migrate); a node
+with a boot script carries it as the ``startup-script`` metadata item.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 import re
 import secrets
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+from provisioners.bootstrap.script import gcp_metadata
 from provisioners.gcp.catalog import ACCELERATOR_BY_GPU
 
 # label keys with "_" rather than "-": a list filter names them (labels.geo_orchestrator="true")
@@ -32,6 +34,9 @@ class InstanceSpec:
     attached_gpus: int  # guestAccelerators to add (0 for accelerator-optimized types)
     spot: bool
     labels: tuple[tuple[str, str], ...]
+    # the node's boot script (its join token: a secret; repr hides it), run by the image's
+    # google-guest-agent at boot; None boots the image as it is
+    startup_script: str | None = field(default=None, repr=False)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -102,8 +107,7 @@ def build_instance(compute: Any, spec: InstanceSpec, options: VmOptions) -> Any:
             )
         ],
         network_interfaces=[interface],
-        # Deep Learning VM images install the NVIDIA driver on first boot when asked.
-        metadata=compute.Metadata(items=[compute.Items(key="install-nvidia-driver", value="True")]),
+        metadata=compute.Metadata(items=_metadata_items(compute, spec)),
         service_accounts=[
             compute.ServiceAccount(email="default", scopes=list(options.service_account_scopes))
         ],
@@ -118,6 +122,15 @@ def build_instance(compute: Any, spec: InstanceSpec, options: VmOptions) -> Any:
             )
         ]
     return instance
+
+
+def _metadata_items(compute: Any, spec: InstanceSpec) -> list[Any]:
+    # Deep Learning VM images install the NVIDIA driver on first boot when asked
+    items = [compute.Items(key="install-nvidia-driver", value="True")]
+    if spec.startup_script is not None:
+        (item,) = gcp_metadata(spec.startup_script)["items"]  # raises ScriptTooLarge
+        items.append(compute.Items(key=item["key"], value=item["value"]))
+    return items
 
 
 def address_of(instance: Any) -> str | None:

@@ -37,6 +37,7 @@ from provisioners.base import (
     ProvisionerError,
     poll_until_events,
 )
+from provisioners.bootstrap.script import boot_data, gcp_metadata
 from provisioners.gcp import errors, pricing, sdk
 from provisioners.gcp.api import ComputeApi
 from provisioners.gcp.catalog import gpus_for, last_segment
@@ -163,6 +164,8 @@ class GcpProvisioner(Provisioner):
     # ---- launch ---------------------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> list[Node]:
+        for script in request.boot_scripts:  # too long: say so before anything is inserted
+            boot_data(gcp_metadata, script, cloud=CLOUD, call="instances.insert")
         region, zone = self._place(request)
         gpus, attached = self._gpu_count(request, zone)
         labels = sanitize_labels(
@@ -177,6 +180,7 @@ class GcpProvisioner(Provisioner):
                 attached_gpus=gpus if attached else 0,
                 spot=request.spot,
                 labels=labels,
+                startup_script=request.boot_scripts[i] if request.boot_scripts else None,
             )
             for i in range(request.count)
         ]

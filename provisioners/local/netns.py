@@ -21,8 +21,10 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
 
 from provisioners.commands import CommandError, run_command
 from provisioners.local import reaper
@@ -31,6 +33,7 @@ log = logging.getLogger(__name__)
 
 PUBLIC_NETWORK = ipaddress.ip_network("198.51.100.0/24")  # TEST-NET-2
 BRIDGE = "inet0"
+T = TypeVar("T")
 PREFIX = "geo+"  # then the job, "+", the VM: "+" is not in a job slug, so no job prefixes another
 
 
@@ -210,6 +213,33 @@ class Entered:
             finally:
                 os.close(self._home)
                 self._home = -1
+
+
+def in_namespace(netns: str, make: Callable[[], T]) -> T:
+    """``make()`` run on a thread of its own inside ``netns``: the sockets it binds, and the
+    threads it starts, live in that VM's network, while this thread stays where it is (how an
+    emulated cloud serves its API and each VM's metadata service from this process)."""
+    import threading
+
+    outcome: list = []
+
+    def enter_and_make() -> None:
+        target = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+        try:
+            _setns(target)  # this thread only: it ends right after
+            outcome.append(("ok", make()))
+        except BaseException as error:  # handed to the caller, which re-raises it
+            outcome.append(("error", error))
+        finally:
+            os.close(target)
+
+    thread = threading.Thread(target=enter_and_make, name=f"in-{netns}", daemon=True)
+    thread.start()
+    thread.join()
+    kind, value = outcome[0]
+    if kind == "error":
+        raise value
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,10 +1,13 @@
 """The SkyPilot task that brings up one gang: a cluster of ``count`` nodes, each joining our Ray.
 
-SkyPilot runs its own Ray on port 6380 to drive its jobs; ours is a second Ray cluster on another
-port (6379 by default), started by the task's run command on every node: rank 0 is the head, the
-others join it at the first address in ``SKYPILOT_NODE_IPS``. Every node carries the labels and
-custom resources the local simulated cloud uses (``geo-cloud``..., ``infra:<...>``, ``gpu:<...>``),
-so the runtime places work the same way on both.
+With boot scripts (the job's bootstrap, provisioners/bootstrap/), node ``$SKYPILOT_NODE_RANK``
+runs its own script: it installs, joins the job's WireGuard overlay and starts a Ray node that
+joins the job's one cluster, whose head is on the job's controller (not a Ray head per gang).
+Without them (the adapter used on its own), the gang is a Ray cluster of its own: rank 0 is the
+head, the others join it at the first address in ``SKYPILOT_NODE_IPS``. Either way SkyPilot's own
+Ray (port 6380, which drives its jobs) is left alone, and every node carries the labels and custom
+resources the local simulated cloud uses (``geo-cloud``..., ``infra:<...>``, ``gpu:<...>``), so
+the runtime places work the same way on both.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import shlex
 from typing import Any
 
 from provisioners.base import LaunchRequest
+from provisioners.bootstrap.script import skypilot_run
 
 SKYPILOT_RAY_PORT = 6380  # SkyPilot's own Ray: never ours
 _NOT_IN_NAME = re.compile(r"[^a-z0-9-]+")
@@ -77,11 +81,10 @@ def build_task(
         use_spot=request.spot,
         labels=dict(request.labels) or None,
     )
-    task = sdk.Task(
-        name=cluster,
-        setup=setup,
-        run=ray_run_script(request, gpus_per_node=gpus_per_node, ray_port=ray_port),
-        num_nodes=request.count,
-    )
+    if request.boot_scripts:
+        run = skypilot_run(request.boot_scripts)
+    else:
+        run = ray_run_script(request, gpus_per_node=gpus_per_node, ray_port=ray_port)
+    task = sdk.Task(name=cluster, setup=setup, run=run, num_nodes=request.count)
     task.set_resources(resources)
     return task

@@ -15,6 +15,7 @@ Retail Prices API.
 
 from __future__ import annotations
 
+import base64
 import itertools
 import json
 import re
@@ -286,7 +287,8 @@ class FakeAzure:
             price = props.get("billingProfile", {}).get("maxPrice", -1)
             if price != -1 and not (isinstance(price, (int, float)) and price > 0):
                 return f"billingProfile.maxPrice {price!r}: -1 or a positive price"
-        return _invalid_login(props.get("osProfile", {}))
+        profile = props.get("osProfile", {})
+        return _invalid_login(profile) or _invalid_custom_data(profile.get("customData"))
 
     def _async(self, request: HttpRequest, http_status: int, body: dict, **op: Any):
         op_id = f"op-{next(self._ids)}"
@@ -379,6 +381,22 @@ class FakeAzureTransport(HttpTransport):
 
     def __exit__(self, *args: Any) -> None:
         return None
+
+
+def _invalid_custom_data(text: str | None) -> str | None:
+    """ARM's rule for ``osProfile.customData``: base64, at most 87380 characters."""
+    if text is None:
+        return None
+    try:
+        base64.b64decode(text, validate=True)
+    except (ValueError, TypeError):
+        text = None
+    if text is None or len(text) > 87380:
+        return (
+            "Custom data in OSProfile must be in Base64 encoding and with a maximum length of "
+            "87380 characters."
+        )
+    return None
 
 
 def _invalid_login(profile: dict) -> str | None:

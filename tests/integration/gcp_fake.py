@@ -232,6 +232,9 @@ class FakeGcp:
 
     def _insert(self, query: dict, body: dict, zone: str) -> tuple[int, dict]:
         self.inserted.append({"zone": zone, **body})
+        problem = _invalid_metadata(body.get("metadata", {}))
+        if problem:
+            return _error(400, problem, "invalid")
         if zone in self.quota_zones:
             region = zone.rsplit("-", 1)[0]
             return _error(
@@ -256,6 +259,7 @@ class FakeGcp:
             "machineType": body.get("machineType", ""),
             "labels": body.get("labels", {}),
             "scheduling": body.get("scheduling", {}),
+            "metadata": body.get("metadata", {}),
             "networkInterfaces": [
                 {"networkIP": f"10.0.0.{number}", "accessConfigs": [{"natIP": f"34.1.0.{number}"}]}
             ],
@@ -378,3 +382,20 @@ def _handler(fake: FakeGcp) -> type[BaseHTTPRequestHandler]:
             return
 
     return Handler
+
+
+def _invalid_metadata(metadata: dict) -> str | None:
+    """GCE's metadata limits: keys of [a-zA-Z0-9_-] up to 128 characters, each value up to
+    256 KiB, all of them up to 512 KiB."""
+    total = 0
+    for item in metadata.get("items", []):
+        key, value = item.get("key", ""), item.get("value", "")
+        if not re.fullmatch(r"[a-zA-Z0-9_-]{1,128}", key):
+            return f"Invalid value for field 'resource.metadata': metadata key {key!r}"
+        size = len(value.encode())
+        if size > 256 * 1024:
+            return f"Metadata value for key {key!r} is {size} bytes; the limit is 262144"
+        total += size
+    if total > 512 * 1024:
+        return f"Metadata is {total} bytes in all; the limit is 524288"
+    return None

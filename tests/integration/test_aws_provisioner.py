@@ -7,6 +7,7 @@ failure events, credentials (missing, scrubbed) and the on-node IMDSv2 interrupt
 
 from __future__ import annotations
 
+import base64
 import http.server
 import json
 import logging
@@ -211,6 +212,26 @@ def test_launch_asks_for_a_tagged_spot_gang_in_the_zone(fake: FakeAws) -> None:
     assert all(
         n.gpus == 1 and n.address and n.spot and n.labels == (("team", "ml"),) for n in nodes
     )
+
+
+def test_each_node_boots_its_own_script_as_user_data(fake: FakeAws) -> None:
+    scripts = ("#!/bin/bash\necho node zero\n", "#!/bin/bash\necho node one\n")
+    nodes = make(fake).launch(request(boot_scripts=scripts))
+    ec2 = fake.session.client("ec2", region_name=REGION)
+    booted = []
+    for node in nodes:  # node i ran script i
+        answer = ec2.describe_instance_attribute(InstanceId=node.node_id, Attribute="userData")
+        booted.append(base64.b64decode(answer["UserData"]["Value"]).decode())
+    assert tuple(booted) == scripts
+    assert "echo node" not in repr(request(boot_scripts=scripts))  # a script holds a secret
+
+
+def test_a_boot_script_too_long_for_user_data_launches_nothing(fake: FakeAws) -> None:
+    huge = "#!/bin/bash\n" + "#" * (16 * 1024)
+    with pytest.raises(CloudCallError) as caught:
+        make(fake).launch(request(boot_scripts=("#!/bin/bash\n", huge)))
+    assert "16384" in str(caught.value) and "fewer nodes" in str(caught.value)
+    assert moto_instances(fake) == []
 
 
 def test_on_demand_launch_without_zone_lands_in_some_zone(fake: FakeAws) -> None:

@@ -8,6 +8,7 @@ HTTP server.
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 import threading
@@ -198,6 +199,23 @@ def test_spot_create_body_and_running_nodes(azure: AzureProvisioner, cloud: Fake
     nic = props["networkProfile"]["networkInterfaces"][0]
     assert nic["properties"]["deleteOption"] == "Delete"
     assert all(h == f"Bearer {FAKE_TOKEN}" for h in cloud.auth_headers)  # the credential was used
+
+
+def test_each_node_boots_its_own_custom_data(azure: AzureProvisioner, cloud: FakeAzure):
+    scripts = ("#!/bin/bash\necho zero\n", "#!/bin/bash\necho one\n")
+    azure.launch(request(count=2, boot_scripts=scripts))
+    booted = [
+        base64.b64decode(b["properties"]["osProfile"]["customData"]).decode()
+        for b in cloud.create_bodies
+    ]
+    assert tuple(booted) == scripts
+
+
+def test_custom_data_over_arms_limit_creates_nothing(azure: AzureProvisioner, cloud: FakeAzure):
+    huge = "#!/bin/bash\n" + "#" * (64 * 1024)
+    with pytest.raises(CloudCallError) as caught:
+        azure.launch(request(count=1, boot_scripts=(huge,)))
+    assert "87380" in str(caught.value) and cloud.create_bodies == []
 
 
 def test_on_demand_create_has_no_spot_fields(azure: AzureProvisioner, cloud: FakeAzure):

@@ -131,6 +131,24 @@ def test_spot_insert_body_and_running_nodes(fake):
     assert {e.node.node_id for e in ready if isinstance(e, NodeReady)} == {n.node_id for n in nodes}
 
 
+def test_each_node_boots_its_own_startup_script(fake):
+    scripts = ("#!/bin/bash\necho zero\n", "#!/bin/bash\necho one\n")
+    make(fake).launch(request(boot_scripts=scripts))
+    booted = []
+    for body in fake.inserted:
+        items = {i["key"]: i["value"] for i in body["metadata"]["items"]}
+        assert items["install-nvidia-driver"] == "True"
+        booted.append(items["startup-script"])
+    assert tuple(booted) == scripts
+
+
+def test_a_startup_script_over_the_metadata_limit_inserts_nothing(fake):
+    huge = "#!/bin/bash\n" + "#" * (256 * 1024)
+    with pytest.raises(CloudCallError) as caught:
+        make(fake).launch(request(boot_scripts=("true", huge)))
+    assert "262144" in str(caught.value) and fake.inserted == []
+
+
 def test_accelerator_optimized_type_on_demand_and_zone_picked(fake):
     p = make(fake)
     [node] = p.launch(

@@ -441,7 +441,7 @@ def test_the_package_imports_without_skypilot():
 
 _REAL_SKY_PROBE = textwrap.dedent(
     """
-    import json, socket, sys
+    import dataclasses, json, socket, subprocess, sys
     attempts = []
     def refuse(self, address, *args, **kwargs):
         attempts.append(repr(address))
@@ -457,10 +457,17 @@ _REAL_SKY_PROBE = textwrap.dedent(
                             instance_type="a2-highgpu-1g", gpu="A100", count=2)
     task = build_task(sky, request, cluster="geo-g", gpus_per_node=1, setup=None, ray_port=6379)
     (res,) = list(task.resources)
+    # the gang the driver launches: each rank boots its own script (a join token each)
+    booting = dataclasses.replace(request, boot_scripts=("echo rank-zero", "echo rank-one"))
+    joined = build_task(sky, booting, cluster="geo-g", gpus_per_node=1, setup=None, ray_port=6379)
+    ran = [subprocess.run(["bash", "-c", joined.run], env={"SKYPILOT_NODE_RANK": str(rank),
+                          "PATH": "/usr/bin:/bin"}, capture_output=True, text=True).stdout.strip()
+           for rank in range(2)]
     print(json.dumps({
         "offers": sorted(o.infra + " " + o.instance_type for o in offers),
         "task": [task.num_nodes, res.use_spot, res.region, res.zone, res.accelerators,
                  res.instance_type, str(res.cloud)],
+        "joined": [joined.num_nodes, ran, "ray start --head" in joined.run],
         "attempts": attempts,
     }))
     """
@@ -509,3 +516,4 @@ def test_real_skypilot_reads_the_fixture_catalog_and_accepts_our_task(tmp_path: 
         "a2-highgpu-1g",
         "GCP",
     ]
+    assert answer["joined"] == [2, ["rank-zero", "rank-one"], False]

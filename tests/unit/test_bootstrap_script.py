@@ -89,8 +89,19 @@ def test_each_provider_gets_the_same_script_in_its_own_field():
     assert script.aws_user_data(text) == text
     assert script.gcp_metadata(text) == {"items": [{"key": "startup-script", "value": text}]}
     assert base64.b64decode(script.azure_custom_data(text)).decode() == text
-    task = script.skypilot_task(text)
-    assert subprocess.run(["bash", "-n", "-c", task["run"]], check=False).returncode == 0
+    run = script.skypilot_run([text, text])
+    assert subprocess.run(["bash", "-n", "-c", run], check=False).returncode == 0
+
+
+def test_each_skypilot_rank_runs_its_own_script(tmp_path):
+    out = tmp_path / "ran"
+    run = script.skypilot_run([f"echo zero >{out}", f"echo 'o'\"n\"e >{out}"])
+    for rank, expected in (("0", "zero"), ("1", "one")):
+        env = {"PATH": "/usr/bin:/bin", "SKYPILOT_NODE_RANK": rank}
+        subprocess.run(["bash", "-c", run], env=env, check=True)
+        assert out.read_text().strip() == expected
+    env = {"PATH": "/usr/bin:/bin", "SKYPILOT_NODE_RANK": "2"}
+    assert subprocess.run(["bash", "-c", run], env=env, check=False).returncode == 1
 
 
 def test_a_script_over_a_providers_limit_is_refused_with_the_limit_named():

@@ -1,0 +1,190 @@
+"""A cloud adapter whose nodes boot the job's bootstrap and join the job's one Ray cluster.
+
+``JoinedProvisioner`` wraps any adapter (AWS, GCP, Azure, SkyPilot) and adds what a node of a
+job needs that the cloud's API does not give: for each node of a launch it mints a one-use join
+token on the controller's overlay, renders the node's boot script (script.py) and hands the
+scripts to the adapter (``LaunchRequest.boot_scripts``: user-data, startup-script, customData, a
+SkyPilot run). The launch returns once every node runs *and* has joined the Ray cluster (found by
+its ``geo-node`` label); a node that does not join in time fails the whole gang, which is then
+terminated, as the contract's all-or-nothing launch asks.
+
+Preemption notices: where the cloud announces a reclaim only on the node (EC2's instance
+metadata, GCE's ``preempted`` flag, Azure's Scheduled Events), the node's watcher drains its own
+Ray node with the notice's deadline; this wrapper turns a drain of one of its nodes into the
+contract's ``PreemptionNotice``, so the driver hears of it as it does on the local cloud.
+
+The controller's side is passed in as functions (``ControllerLink``): minting and removing
+overlay members, which Ray nodes joined under which name, which are draining until when. Nothing
+here knows whether the controller is a namespace on this machine or a VM in a cloud.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass, replace
+
+from provisioners.base import (
+    CloudCallError,
+    Event,
+    Feature,
+    LaunchRequest,
+    Node,
+    Offer,
+    PreemptionNotice,
+    Provisioner,
+)
+from provisioners.bootstrap.script import NodeBoot, render
+
+log = logging.getLogger(__name__)
+
+JOIN_LOOK_S = 0.5  # how often a launch looks for its nodes in the cluster
+JOB_LABEL, EXPIRES_LABEL = "geo-job", "geo-expires"  # on every VM: which job, until when
+
+
+@dataclass(frozen=True, kw_only=True)
+class ControllerLink:
+    """What the wrapper asks of the job's controller."""
+
+    mint: Callable[[str, float], str]  # (node name, ttl s) -> a join token for that node
+    forget: Callable[[str], None]  # a node left: remove it from the overlay
+    joined: Callable[[], dict[str, str]]  # Ray node id -> node name, of the nodes alive now
+    draining: Callable[[], dict[str, float]]  # Ray node id -> drain deadline (Unix s)
+
+
+# (node name, join token, the request) -> the node's boot: the caller knows how its nodes install,
+# shut down and find their notices
+BootFor = Callable[[str, str, LaunchRequest], NodeBoot]
+
+
+class JoinedProvisioner(Provisioner):
+    def __init__(
+        self,
+        inner: Provisioner,
+        *,
+        job: str,
+        link: ControllerLink,
+        boot_for: BootFor,
+        lease_s: float,
+        stop: threading.Event | None = None,
+    ) -> None:
+        """``lease_s``: how long a VM may live without the job renewing it (its expiry tag: what
+        a sweep of leaked VMs reads); ``stop``: set to give up waiting launches."""
+        self.inner, self.job, self.link = inner, job, link
+        self.boot_for, self.lease_s = boot_for, lease_s
+        self.cloud = inner.cloud
+        # the watcher hears the notice on the node: the adapter's own lack of one is made good
+        self.unsupported = {
+            f: why for f, why in inner.unsupported.items() if f is not Feature.PREEMPTION_NOTICE
+        }
+        self._names: dict[str, str] = {}  # cloud node id -> node name
+        self._noticed: set[str] = set()
+        self._pending: list[Event] = []
+        self._stop = stop or threading.Event()
+
+    @property
+    def clouds(self) -> tuple[str, ...]:
+        return self.inner.clouds
+
+    def check_credentials(self) -> None:
+        self.inner.check_credentials()
+
+    def offers(
+        self, *, gpus: Collection[str] | None = None, regions: Collection[str] | None = None
+    ) -> list[Offer]:
+        return self.inner.offers(gpus=gpus, regions=regions)
+
+    def launch(self, request: LaunchRequest) -> list[Node]:
+        stem = f"{request.gang}-{secrets.token_hex(2)}"  # fresh names when a gang is retried
+        names = [f"{stem}-{i}" for i in range(request.count)]
+        scripts = []
+        try:
+            for name in names:
+                token = self.link.mint(name, request.timeout_s)
+                scripts.append(render(self.boot_for(name, token, request)))
+            expires = f"{time.time() + self.lease_s:.0f}"
+            labels = (*request.labels, (JOB_LABEL, self.job), (EXPIRES_LABEL, expires))
+            nodes = self.inner.launch(replace(request, labels=labels, boot_scripts=tuple(scripts)))
+        except BaseException:
+            self._forget(names)
+            raise
+        for node, name in zip(nodes, names, strict=True):  # node i ran script i
+            self._names[node.node_id] = name
+        try:
+            self._wait_joined(request, names, deadline_s=time.monotonic() + request.timeout_s)
+        except BaseException:
+            self.terminate([n.node_id for n in nodes])
+            raise
+        return nodes
+
+    def _wait_joined(self, request: LaunchRequest, names: list[str], *, deadline_s: float) -> None:
+        """Until every name is a live Ray node; a cloud call error naming the missing ones."""
+        while True:
+            missing = set(names) - set(self.link.joined().values())
+            if not missing:
+                return
+            left_s = deadline_s - time.monotonic()
+            if left_s <= 0 or self._stop.is_set():
+                raise CloudCallError(
+                    f"{len(missing)} of {len(names)} nodes of {request.gang} in {request.infra} "
+                    f"ran but did not join the job's cluster within {request.timeout_s:g} s: "
+                    f"{', '.join(sorted(missing))}",
+                    cloud=self.cloud,
+                    call="launch (node bootstrap)",
+                    fix="read the node's boot log (the cloud console's serial output shows its "
+                    "last lines after GEO-BOOTSTRAP-FAILED), or give launches a longer timeout",
+                )
+            self._stop.wait(min(JOIN_LOOK_S, left_s))
+
+    def nodes(self, *, gang: str | None = None) -> list[Node]:
+        return self.inner.nodes(gang=gang)
+
+    def terminate(self, node_ids: Sequence[str]) -> None:
+        self.inner.terminate(node_ids)
+        self._forget([self._names[i] for i in node_ids if i in self._names])
+
+    def _forget(self, names: Sequence[str]) -> None:
+        for name in names:
+            try:
+                self.link.forget(name)
+            except (OSError, ValueError) as error:  # the controller's overlay is going too
+                log.warning("overlay: removing %s: %s", name, error)
+
+    def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
+        notices = self._notices()
+        events = self.inner.poll_events(timeout_s=0.0 if notices else timeout_s)
+        return notices + [e for e in events if not self._heard(e)]
+
+    def _heard(self, event: Event) -> bool:
+        """A cloud's own notice of a node the watcher already reported is said once."""
+        if not isinstance(event, PreemptionNotice):
+            return False
+        seen = event.node_id in self._noticed
+        self._noticed.add(event.node_id)
+        return seen
+
+    def _notices(self) -> list[Event]:
+        """A ``PreemptionNotice`` per node of ours that a watcher drained since the last look."""
+        draining = self.link.draining()
+        if not draining:
+            return []
+        by_name = {name: node_id for node_id, name in self._names.items()}
+        infra = {n.node_id: n.infra for n in self.inner.nodes()}
+        notices: list[Event] = []
+        for ray_node, name in self.link.joined().items():
+            node_id = by_name.get(name)
+            if ray_node in draining and node_id is not None and node_id not in self._noticed:
+                self._noticed.add(node_id)
+                notices.append(
+                    PreemptionNotice(
+                        node_id=node_id, infra=infra.get(node_id, ""), deadline_s=draining[ray_node]
+                    )
+                )
+        return notices
+
+    def close(self) -> None:
+        self._stop.set()
+        self.inner.close()

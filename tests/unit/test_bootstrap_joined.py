@@ -1,0 +1,182 @@
+"""JoinedProvisioner: boot scripts with join tokens, waiting for nodes to join, notices from
+drains, all-or-nothing launches; against a small fake adapter and a fake controller."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from provisioners.base import (
+    CapacityError,
+    CloudCallError,
+    Feature,
+    LaunchRequest,
+    Node,
+    NodeLost,
+    NodeState,
+    PreemptionNotice,
+    Provisioner,
+)
+from provisioners.bootstrap.joined import ControllerLink, JoinedProvisioner
+from provisioners.bootstrap.script import Install, NodeBoot
+
+
+class FakeCloud(Provisioner):
+    """Starts nodes at once; each node "boots" by handing its script to ``on_boot``."""
+
+    cloud = "fake"
+    unsupported = {Feature.PREEMPTION_NOTICE: "only on the node", Feature.AVAILABLE_COUNT: "no"}
+
+    def __init__(self, on_boot, *, refuse: bool = False) -> None:
+        self.on_boot, self.refuse = on_boot, refuse
+        self.launched: list[LaunchRequest] = []
+        self.alive: dict[str, Node] = {}
+        self.events: list = []
+        self._n = 0
+
+    def check_credentials(self) -> None:
+        return None
+
+    def offers(self, *, gpus=None, regions=None):
+        return []
+
+    def launch(self, request: LaunchRequest) -> list[Node]:
+        self.launched.append(request)
+        if self.refuse:
+            raise CapacityError("full", cloud="fake", call="launch", fix="elsewhere")
+        nodes = []
+        for script in request.boot_scripts:
+            self._n += 1
+            node = Node(node_id=f"i-{self._n}", gang=request.gang, infra=request.infra,
+                        instance_type=request.instance_type, gpu=request.gpu, gpus=1,
+                        spot=request.spot, state=NodeState.RUNNING)  # fmt: skip
+            self.alive[node.node_id] = node
+            nodes.append(node)
+            self.on_boot(script)
+        return nodes
+
+    def nodes(self, *, gang=None):
+        return list(self.alive.values())
+
+    def terminate(self, node_ids):
+        for node_id in node_ids:
+            node = self.alive.pop(node_id, None)
+            if node is not None:
+                self.events.append(NodeLost(node_id=node_id, infra=node.infra, reason="terminated"))
+
+    def poll_events(self, *, timeout_s: float = 0.0):
+        events, self.events = self.events, []
+        return events
+
+
+class FakeController:
+    def __init__(self) -> None:
+        self.members: set[str] = set()
+        self.ray: dict[str, str] = {}  # ray node id -> name
+        self.draining: dict[str, float] = {}
+        self.join_on_boot = True
+
+    def link(self) -> ControllerLink:
+        return ControllerLink(
+            mint=self.mint,
+            forget=self.members.discard,
+            joined=lambda: dict(self.ray),
+            draining=lambda: dict(self.draining),
+        )
+
+    def mint(self, name: str, ttl_s: float) -> str:
+        self.members.add(name)
+        return f"gj1.token-of-{name}"
+
+    def boot(self, script: str) -> None:
+        name = script.split("NODE=", 1)[1].split("\n", 1)[0].strip("'")
+        assert f"gj1.token-of-{name}" in script  # each node its own token
+        if self.join_on_boot:
+            self.ray[f"ray-{name}"] = name
+
+
+def boot_for(name: str, token: str, request: LaunchRequest) -> NodeBoot:
+    install = Install(mode="pip", wheel="w.whl", package_version="1", ray_version="2",
+                      torch_version="3")  # fmt: skip
+    return NodeBoot(job="job", node=name, install=install, join_token=token,
+                    ray_address="100.64.0.1:6379", node_dir="/n", labels={}, resources={},
+                    num_cpus=1, num_gpus=0, object_store_bytes=10**8, grace_s=60.0)  # fmt: skip
+
+
+REQUEST = LaunchRequest(gang="g", infra="fake/r/z", instance_type="t", gpu="T4", count=2,
+                        timeout_s=1.0)  # fmt: skip
+
+
+@pytest.fixture
+def controller() -> FakeController:
+    return FakeController()
+
+
+def joined(controller: FakeController, **cloud) -> tuple[JoinedProvisioner, FakeCloud]:
+    inner = FakeCloud(controller.boot, **cloud)
+    wrapper = JoinedProvisioner(
+        inner, job="job", link=controller.link(), boot_for=boot_for, lease_s=3600.0
+    )
+    return wrapper, inner
+
+
+def test_each_node_gets_its_own_script_and_the_job_and_expiry_labels(controller):
+    wrapper, inner = joined(controller)
+    nodes = wrapper.launch(REQUEST)
+    assert [n.node_id for n in nodes] == ["i-1", "i-2"]
+    (sent,) = inner.launched
+    assert len(sent.boot_scripts) == 2 and sent.boot_scripts[0] != sent.boot_scripts[1]
+    labels = dict(sent.labels)
+    assert labels["geo-job"] == "job" and float(labels["geo-expires"]) > 0
+    assert len(controller.members) == 2
+    assert Feature.PREEMPTION_NOTICE not in wrapper.unsupported  # the watcher hears it
+    assert Feature.AVAILABLE_COUNT in wrapper.unsupported
+
+
+def test_nodes_that_never_join_fail_the_gang_which_is_terminated(controller):
+    controller.join_on_boot = False
+    wrapper, inner = joined(controller)
+    with pytest.raises(CloudCallError) as caught:
+        wrapper.launch(REQUEST)
+    assert "did not join" in str(caught.value) and "boot log" in str(caught.value)
+    assert inner.alive == {} and controller.members == set()
+
+
+def test_a_refused_launch_leaves_no_token_behind(controller):
+    wrapper, _ = joined(controller, refuse=True)
+    with pytest.raises(CapacityError):
+        wrapper.launch(REQUEST)
+    assert controller.members == set()
+
+
+def test_a_drain_by_the_watcher_is_one_preemption_notice(controller):
+    wrapper, inner = joined(controller)
+    nodes = wrapper.launch(REQUEST)
+    assert wrapper.poll_events() == []
+    (ray_node,) = [r for r, name in controller.ray.items() if name.endswith("-1")]
+    controller.draining[ray_node] = 1234.0
+    (notice,) = wrapper.poll_events()
+    assert isinstance(notice, PreemptionNotice)
+    assert (notice.node_id, notice.deadline_s, notice.infra) == (
+        nodes[1].node_id,
+        1234.0,
+        "fake/r/z",
+    )
+    inner.events.append(PreemptionNotice(node_id=nodes[1].node_id, infra="fake/r/z", deadline_s=1))
+    assert wrapper.poll_events() == []  # the cloud's own notice of it is not said twice
+    wrapper.terminate([nodes[1].node_id])
+    (lost,) = wrapper.poll_events()
+    assert isinstance(lost, NodeLost) and len(controller.members) == 1
+
+
+def test_close_gives_up_a_waiting_launch(controller):
+    controller.join_on_boot = False
+    stop = threading.Event()
+    inner = FakeCloud(controller.boot)
+    wrapper = JoinedProvisioner(inner, job="job", link=controller.link(), boot_for=boot_for,
+                                lease_s=60.0, stop=stop)  # fmt: skip
+    stop.set()
+    with pytest.raises(CloudCallError):
+        wrapper.launch(LaunchRequest(gang="g", infra="fake/r/z", instance_type="t", gpu="T4",
+                                     count=1, timeout_s=600.0))  # fmt: skip
