@@ -78,6 +78,9 @@ class AwsConfig:
     poll_interval_s: float = 5.0
     placement_scores: bool = True  # ask get_spot_placement_scores (rate-limited by AWS)
     on_demand_prices: bool = True  # ask the Pricing API
+    # another endpoint for every service (an emulated EC2: provisioners/emulated/aws.py); None:
+    # AWS's own, or what boto3's configuration chain names (AWS_ENDPOINT_URL...)
+    endpoint_url: str | None = None
 
     def __post_init__(self) -> None:
         if self.poll_interval_s < 0:
@@ -106,8 +109,10 @@ class AwsProvisioner(Provisioner):
         ami_ssm_parameter: str = DEFAULT_AMI_PARAMETER,
         placement_scores: bool = True,
         on_demand_prices: bool = True,
+        endpoint_url: str | None = None,
     ) -> None:
         self.config = AwsConfig(
+            endpoint_url=endpoint_url,
             regions=tuple(regions) if regions else None,
             instance_types=tuple(instance_types) if instance_types else None,
             image_id=image_id,
@@ -141,7 +146,8 @@ class AwsProvisioner(Provisioner):
     def _client(self, service: str, region: str) -> Any:
         key = (service, region)
         if key not in self._clients:
-            self._clients[key] = self._get_session().client(service, region_name=region)
+            extra = {"endpoint_url": self.config.endpoint_url} if self.config.endpoint_url else {}
+            self._clients[key] = self._get_session().client(service, region_name=region, **extra)
             guard_sdk_logs()
         return self._clients[key]
 

@@ -52,7 +52,8 @@ class ControllerLink:
     mint: Callable[[str, float], str]  # (node name, ttl s) -> a join token for that node
     forget: Callable[[str], None]  # a node left: remove it from the overlay
     joined: Callable[[], dict[str, str]]  # Ray node id -> node name, of the nodes alive now
-    draining: Callable[[], dict[str, float]]  # Ray node id -> drain deadline (Unix s)
+    # node name -> reclaim deadline (Unix s), of nodes drained for a preemption (even if gone)
+    preempted: Callable[[], dict[str, float]]
 
 
 # (node name, join token, the request) -> the node's boot: the caller knows how its nodes install,
@@ -168,19 +169,17 @@ class JoinedProvisioner(Provisioner):
 
     def _notices(self) -> list[Event]:
         """A ``PreemptionNotice`` per node of ours that a watcher drained since the last look."""
-        draining = self.link.draining()
-        if not draining:
+        preempted = self.link.preempted()
+        if not preempted:
             return []
-        by_name = {name: node_id for node_id, name in self._names.items()}
         infra = {n.node_id: n.infra for n in self.inner.nodes()}
         notices: list[Event] = []
-        for ray_node, name in self.link.joined().items():
-            node_id = by_name.get(name)
-            if ray_node in draining and node_id is not None and node_id not in self._noticed:
+        for node_id, name in self._names.items():
+            if name in preempted and node_id not in self._noticed:
                 self._noticed.add(node_id)
                 notices.append(
                     PreemptionNotice(
-                        node_id=node_id, infra=infra.get(node_id, ""), deadline_s=draining[ray_node]
+                        node_id=node_id, infra=infra.get(node_id, ""), deadline_s=preempted[name]
                     )
                 )
         return notices

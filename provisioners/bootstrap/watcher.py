@@ -159,9 +159,26 @@ class Watcher:
                 self.drain(found)
 
 
-def _drain_with_ray(ray_address: str) -> Callable[[Notice], None]:
+def own_node_id(ray_address: str, node_ip: str) -> str | None:
+    """This node's Ray node id: the live node whose raylet listens on our overlay address."""
+    import ray._raylet
+    from ray.core.generated import gcs_pb2
+
+    client = ray._raylet.GcsClient(address=ray_address)
+    for node_id, info in client.get_all_node_info(timeout=10).items():
+        if info.node_manager_address == node_ip and info.state == gcs_pb2.GcsNodeInfo.ALIVE:
+            return node_id.hex()
+    return None
+
+
+def _drain_with_ray(ray_address: str, node_ip: str) -> Callable[[Notice], None]:
     def drain(notice: Notice) -> None:
         remaining = max(1, int(notice.deadline_s - time.time()))
+        # the node by id: without one, `ray drain-node` drains the node its own driver landed on
+        node_id = own_node_id(ray_address, node_ip)
+        if node_id is None:
+            log.error("no live Ray node at %s to drain", node_ip)
+            return
         subprocess.run(
             [
                 sys.executable,
@@ -169,6 +186,7 @@ def _drain_with_ray(ray_address: str) -> Callable[[Notice], None]:
                 "ray.scripts.scripts",
                 "drain-node",
                 f"--address={ray_address}",
+                f"--node-id={node_id}",
                 "--reason=DRAIN_NODE_REASON_PREEMPTION",
                 f"--reason-message={notice.text}",
                 f"--deadline-remaining-seconds={remaining}",
@@ -198,12 +216,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shutdown-command", required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s watcher: %(message)s")
+    joined = overlay_node.load(Path(args.state_dir))
     watcher = Watcher(
-        overlay_node.load(Path(args.state_dir)),
+        joined,
         grace_s=args.grace_s,
         shutdown=_shutdown_with(args.shutdown_command),
         notice=NOTICE_SOURCES[args.notice_source],
-        drain=_drain_with_ray(args.ray_address),
+        drain=_drain_with_ray(args.ray_address, joined.ip),
     )
     period = threading.Event()  # never set: its wait is the period between rounds
     try:

@@ -218,6 +218,32 @@ def alive_nodes(address: str, *, label: str | None = None) -> dict[str, str]:
     }
 
 
+def preempted_nodes(address: str, *, label: str) -> dict[str, float]:
+    """Nodes drained for a preemption (a watcher heard its cloud's notice): the value of
+    ``label`` -> the reclaim deadline (Unix s). A drained node that is idle ends at once, so the
+    dead are included, with their end time; the living need ``ray.init`` for their deadline."""
+    import ray
+    import ray._private.state
+    import ray._raylet
+    from ray.core.generated import gcs_pb2
+
+    preempted = gcs_pb2.GcsNodeInfo.DESCRIPTOR.fields_by_name["death_info"].message_type
+    drained = preempted.enum_types_by_name["Reason"].values_by_name["AUTOSCALER_DRAIN_PREEMPTED"]
+    client = ray._raylet.GcsClient(address=address)
+    infos = client.get_all_node_info(timeout=10)
+    draining = ray._private.state.state.get_draining_nodes() if ray.is_initialized() else {}
+    found: dict[str, float] = {}
+    for node_id, info in infos.items():
+        name = info.labels.get(label)
+        if not name:
+            continue
+        if node_id.hex() in draining:  # 0: a drain without a deadline
+            found[name] = draining[node_id.hex()] / 1000 or time.time()
+        elif info.state == gcs_pb2.GcsNodeInfo.DEAD and info.death_info.reason == drained.number:
+            found[name] = info.end_time_ms / 1000
+    return found
+
+
 def start_head(session: str, cpus: int, *, node_ip: str | None = None):
     """A ``ray.cluster_utils.Cluster`` with its head node started, in Ray session ``session``
     (listening on ``node_ip`` where given: a namespace VM's overlay address)."""

@@ -243,15 +243,17 @@ def in_namespace(netns: str, make: Callable[[], T]) -> T:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m provisioners.local.netns halt NETNS``: a namespace VM shuts itself down (its
-    watcher's dead-man switch runs this inside it)."""
+    """``python -m provisioners.local.netns halt NETNS`` (or ``halt-self``, inside the VM): a
+    namespace VM shuts itself down (its watcher's dead-man switch runs this inside it)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__.splitlines()[0])
-    parser.add_argument("command", choices=["halt"])
-    parser.add_argument("netns")
+    parser.add_argument("command", choices=["halt", "halt-self"])
+    parser.add_argument("netns", nargs="?", help="halt: the VM's namespace")
     args = parser.parse_args(argv)
-    if not args.netns.startswith(PREFIX):
+    if args.command == "halt-self":  # the VM this process runs in, whatever its name
+        args.netns = _ip("netns", "identify", str(os.getpid())).strip()
+    if not (args.netns or "").startswith(PREFIX):
         print(f"not a simulated VM: {args.netns}", file=sys.stderr)
         return 2
     remove_namespace(args.netns)

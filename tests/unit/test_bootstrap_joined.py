@@ -82,7 +82,7 @@ class FakeController:
             mint=self.mint,
             forget=self.members.discard,
             joined=lambda: dict(self.ray),
-            draining=lambda: dict(self.draining),
+            preempted=lambda: {self.ray[r]: d for r, d in self.draining.items()},
         )
 
     def mint(self, name: str, ttl_s: float) -> str:

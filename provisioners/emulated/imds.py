@@ -1,0 +1,100 @@
+"""EC2's instance metadata service (IMDSv2) for one emulated VM, served inside the VM's network.
+
+The VM's loopback gets 169.254.169.254, as every EC2 instance reaches it, and a small HTTP server
+bound there in the VM's namespace answers what a node asks of it: a session token (``PUT
+/latest/api/token``), then, with that token only, ``instance-id``, ``ami-launch-index``,
+``placement/availability-zone`` and ``spot/instance-action`` (404 until a notice is given, then
+``{"action": "terminate", "time": ...}``, as EC2 does two minutes before a spot reclaim).
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+
+from provisioners.local import netns
+
+ADDRESS = "169.254.169.254"
+TOKEN_HEADER = "X-aws-ec2-metadata-token"
+TTL_HEADER = "X-aws-ec2-metadata-token-ttl-seconds"
+
+
+@dataclass
+class InstanceMetadata:
+    instance_id: str
+    launch_index: int
+    zone: str
+    notice_at_s: float | None = None  # the reclaim time once a notice is given (Unix s)
+    tokens: set[str] = field(default_factory=set)
+
+    def answer(self, path: str) -> str | None:
+        base = "/latest/meta-data/"
+        if not path.startswith(base):
+            return None
+        key = path[len(base) :]
+        if key == "spot/instance-action":
+            if self.notice_at_s is None:
+                return None
+            when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.notice_at_s))
+            return json.dumps({"action": "terminate", "time": when})
+        return {
+            "instance-id": self.instance_id,
+            "ami-launch-index": str(self.launch_index),
+            "placement/availability-zone": self.zone,
+        }.get(key)
+
+
+def _handler(metadata: InstanceMetadata) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_PUT(self) -> None:  # noqa: N802 (http.server's naming)
+            if self.path != "/latest/api/token" or not self.headers.get(TTL_HEADER):
+                self._reply(400, "")
+                return
+            token = secrets.token_urlsafe(24)
+            metadata.tokens.add(token)
+            self._reply(200, token)
+
+        def do_GET(self) -> None:  # noqa: N802
+            if self.headers.get(TOKEN_HEADER) not in metadata.tokens:
+                self._reply(401, "")  # IMDSv2 only, as our launches ask
+                return
+            text = metadata.answer(self.path)
+            self._reply(404 if text is None else 200, text or "")
+
+        def _reply(self, status: int, body: str) -> None:
+            data = body.encode()
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base's name)
+            return None
+
+    return Handler
+
+
+class MetadataService:
+    """The metadata server of one VM; ``close`` stops it (removing the VM removes the address)."""
+
+    def __init__(self, vm: netns.Vm, metadata: InstanceMetadata) -> None:
+        self.metadata = metadata
+        netns.run_in(vm, ["ip", "address", "add", f"{ADDRESS}/32", "dev", "lo"])
+        handler = _handler(metadata)
+        # the listening socket is made inside the VM's network; it serves from any thread
+        self._server = netns.in_namespace(
+            vm.netns, lambda: http.server.ThreadingHTTPServer((ADDRESS, 80), handler)
+        )
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name=f"imds-{vm.name}", daemon=True
+        )
+        self._thread.start()
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
