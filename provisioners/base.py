@@ -245,12 +245,21 @@ def poll_until_events(
 # ---- the contract ---------------------------------------------------------------------------------
 
 
+# A cloud launch's budget beyond placing the VM: a GPU VM boots (its OS, the NVIDIA driver), then its
+# bootstrap installs torch and Ray from PyPI and joins the job's cluster
+GPU_VM_BOOT_S = 120.0
+BOOTSTRAP_INSTALL_S = 300.0
+
+
 class Provisioner(abc.ABC):
     """One cloud (or the local simulated cloud) behind the contract."""
 
     cloud: str = ""
     # what this adapter cannot do, and why (shown to users; checked by ``require``)
     unsupported: Mapping[Feature, str] = {}
+    # how long a launch may take, from the call to every node running its bootstrap's last step
+    # (capabilities as data: callers read it, never the cloud's name); adapters set their own
+    launch_timeout_s: float = 600.0  # the contract's LaunchRequest default
 
     @property
     def clouds(self) -> tuple[str, ...]:

@@ -50,6 +50,7 @@ class DriverSpec:
     preempt_driver_at: tuple[int, ...] = ()
     lose_at: tuple[int, ...] = ()  # nodes taken without notice
     migration_s: float = 15.0  # a move's pause on this world until one is measured
+    launch_timeout_s: float = 600.0  # the provider's launch budget (Provisioner.launch_timeout_s)
 
 
 class DriverActor:

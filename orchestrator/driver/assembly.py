@@ -83,7 +83,7 @@ def build_driver(
             provisioner,
             progress=lambda: (driver.state.step, time.time() - driver.state.started_at_s),
         ),
-        cloud=ProvisionerCloud(provisioner),
+        cloud=ProvisionerCloud(provisioner, launch_timeout_s=spec.launch_timeout_s),
         trainer=trainer,
         config=DriverConfig(
             steps=recipe.training.steps,

@@ -42,13 +42,17 @@ def run_on_local_cloud(
         wanted=vms or local.vms,
         grace_s=recipe.recovery.controller_grace_s,
     )
-    spec = dataclasses.replace(spec, migration_s=MIGRATION_S[cluster.mode])
     provisioner = LocalProvisioner(
         seed=recipe.training.seed,
         notice_s=notice_s if notice_s is not None else local.notice_s,
         slow_nodes=local.slow_nodes,
         slowdown=local.slowdown,
         cluster=cluster,
+    )
+    spec = dataclasses.replace(
+        spec,
+        migration_s=MIGRATION_S[cluster.mode],
+        launch_timeout_s=provisioner.launch_timeout_s,
     )
     try:
         return _serve_and_follow(provisioner, spec, folder.name, on_step)

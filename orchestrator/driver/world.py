@@ -179,7 +179,7 @@ def requests_for(plan: Plan, market: OfferTable) -> list[Request]:
 
 
 class ProvisionerCloud:
-    def __init__(self, provisioner: Provisioner, *, launch_timeout_s: float = 120.0) -> None:
+    def __init__(self, provisioner: Provisioner, *, launch_timeout_s: float) -> None:
         self.provisioner, self.launch_timeout_s = provisioner, launch_timeout_s
 
     def launch(self, request: Request, *, gang: str) -> list[str]:

@@ -36,6 +36,8 @@ from provisioners.aws.sdk import (
     pages,
 )
 from provisioners.base import (
+    BOOTSTRAP_INSTALL_S,
+    GPU_VM_BOOT_S,
     CapacityError,
     CloudCallError,
     Event,
@@ -91,6 +93,8 @@ class AwsProvisioner(Provisioner):
     """EC2 GPU instances (spot or on-demand) in any zone boto3 can reach."""
 
     cloud = CLOUD
+    # 90 s: how long SkyPilot waits on AWS for a node to launch before it fails over
+    launch_timeout_s = 90.0 + GPU_VM_BOOT_S + BOOTSTRAP_INSTALL_S
     unsupported: Mapping[Feature, str] = {
         Feature.AVAILABLE_COUNT: "AWS does not say how many instances it could start; the spot "
         "placement score (availability_score) is the closest signal it gives",

@@ -39,6 +39,8 @@ from provisioners.azure.vm import (
     vm_body,
 )
 from provisioners.base import (
+    BOOTSTRAP_INSTALL_S,
+    GPU_VM_BOOT_S,
     CapacityError,
     CloudCallError,
     Event,
@@ -82,6 +84,8 @@ class AzureProvisioner(Provisioner):
     """Spot (or pay-as-you-go) GPU VMs in one resource group of one subscription."""
 
     cloud = CLOUD
+    # 90 s: how long SkyPilot waits on Azure for a node to launch before it fails over
+    launch_timeout_s = 90.0 + GPU_VM_BOOT_S + BOOTSTRAP_INSTALL_S
     unsupported = {
         Feature.AVAILABLE_COUNT: "Azure publishes no count of free VMs; resource SKUs say only "
         "whether a size may be deployed in a location or zone",

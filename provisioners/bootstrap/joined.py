@@ -76,7 +76,7 @@ class JoinedProvisioner(Provisioner):
         a sweep of leaked VMs reads); ``stop``: set to give up waiting launches."""
         self.inner, self.job, self.link = inner, job, link
         self.boot_for, self.lease_s = boot_for, lease_s
-        self.cloud = inner.cloud
+        self.cloud, self.launch_timeout_s = inner.cloud, inner.launch_timeout_s
         # the watcher hears the notice on the node: the adapter's own lack of one is made good
         self.unsupported = {
             f: why for f, why in inner.unsupported.items() if f is not Feature.PREEMPTION_NOTICE

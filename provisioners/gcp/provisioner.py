@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from provisioners.base import (
+    BOOTSTRAP_INSTALL_S,
+    GPU_VM_BOOT_S,
     CapacityError,
     CloudCallError,
     Event,
@@ -94,6 +96,8 @@ class GcpProvisioner(Provisioner):
     """GPU instances on GCP (spot or on-demand) behind the provisioner contract."""
 
     cloud = CLOUD
+    # 240 s: how long SkyPilot waits on GCP for a node to launch before it fails over
+    launch_timeout_s = 240.0 + GPU_VM_BOOT_S + BOOTSTRAP_INSTALL_S
     unsupported = {
         Feature.AVAILABLE_COUNT: "the Compute API does not say how many GPUs a zone can give",
         Feature.AVAILABILITY_SCORE: "GCP publishes no spot availability score",

@@ -43,6 +43,7 @@ log = logging.getLogger(__name__)
 class LocalProvisioner(Provisioner):
     cloud = "local"
     unsupported = {}  # the local cloud implements the whole contract
+    launch_timeout_s = 120.0  # a process or namespace VM joins in seconds
 
     def __init__(
         self,

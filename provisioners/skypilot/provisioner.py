@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from provisioners.base import (
+    BOOTSTRAP_INSTALL_S,
+    GPU_VM_BOOT_S,
     CapacityError,
     CloudCallError,
     CredentialsMissing,
@@ -109,6 +111,8 @@ class SkyPilotProvisioner(Provisioner):
     """GPU clusters on the clouds SkyPilot is set up for, one cluster per gang."""
 
     cloud = CLOUD
+    # SkyPilot fails over between zones itself (90-240 s each on AWS, Azure, GCP): room for three
+    launch_timeout_s = 3 * 240.0 + GPU_VM_BOOT_S + BOOTSTRAP_INSTALL_S
     unsupported: Mapping[Feature, str] = {
         Feature.PREEMPTION_NOTICE: "SkyPilot reports a cluster's state (UP, INIT, STOPPED), not "
         "the clouds' interruption notices; a preempted cluster shows at the next status refresh",

@@ -11,15 +11,16 @@ import pytest
 
 from tests.integration.jobs import fault_free_losses, submit_job
 
-# enough steps that the move pays (the driver keeps the shares when the steps left would not
-# win back the restart: at step 5, 40 steps x ~0.4 s saved against ~5 s of restart, x2 margin)
-STEPS = 45
+# enough steps and work per step that the move pays on a fast host too (the driver keeps the
+# shares when the steps left would not win back the restart, ~5 s with a x2 margin): on a host
+# where the slow replica's microbatch takes 90 ms, 55 steps x ~0.36 s saved is ~20 s
+STEPS = 60
 RECIPE = f"""\
 name: straggler
 provider: local
 model: {{name: gpt-tiny, profile: analytic}}  # no time spent profiling
 training:
-  global_batch_size: 128
+  global_batch_size: 256
   microbatch_sizes: [16]
   steps: {STEPS}
   precision: fp32
@@ -46,9 +47,9 @@ def test_a_slow_node_gets_a_smaller_share_and_the_losses_stay(tmp_path, capsys):
     events = [json.loads(line) for line in (tmp_path / "jobs/straggler/events.jsonl").open()]
     (move,) = [e for e in events if e["event"] == "rebalancing"]
     shares = move["details"]["shares"]
-    # 3x slower: a quarter of the 8 microbatches (an eighth when other processes load the
-    # machine while the speeds are measured; never an even split)
-    assert sorted(shares) in ([2, 6], [1, 7]), move
+    # 3x slower: about a quarter of the 16 microbatches (3 or 4 as the measured ratio falls; an
+    # eighth when other processes load the machine while the speeds are measured), never even
+    assert sum(shares) == 16 and 2 <= min(shares) <= 5, move
     assert "computes" in move["reason"] and "slower than the fastest" in move["reason"]
     (back,) = [e for e in events if e["event"] == "rebalanced"]
     assert back["details"]["recovery_s"] > 0

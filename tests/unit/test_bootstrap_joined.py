@@ -180,3 +180,18 @@ def test_close_gives_up_a_waiting_launch(controller):
     with pytest.raises(CloudCallError):
         wrapper.launch(LaunchRequest(gang="g", infra="fake/r/z", instance_type="t", gpu="T4",
                                      count=1, timeout_s=600.0))  # fmt: skip
+
+
+def test_the_wrapper_keeps_its_clouds_launch_budget(controller):
+    wrapper, inner = joined(controller)
+    inner_budget = FakeCloud.launch_timeout_s
+    assert wrapper.launch_timeout_s == inner_budget
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure", "skypilot"])
+def test_a_cloud_launch_waits_longer_than_a_gpu_vm_takes_to_boot_and_install(cloud):
+    from provisioners.registry import provisioner_class
+
+    # placing the VM, booting it, installing torch and Ray: minutes, not the local cloud's 120 s
+    assert provisioner_class(cloud).launch_timeout_s >= 8 * 60
+    assert provisioner_class("local").launch_timeout_s == 120.0
