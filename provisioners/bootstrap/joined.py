@@ -14,8 +14,9 @@ Ray node with the notice's deadline; this wrapper turns a drain of one of its no
 contract's ``PreemptionNotice``, so the driver hears of it as it does on the local cloud.
 
 The controller's side is passed in as functions (``ControllerLink``): minting and removing
-overlay members, which Ray nodes joined under which name, which are draining until when. Nothing
-here knows whether the controller is a namespace on this machine or a VM in a cloud.
+overlay members, which Ray nodes joined under which name, which were drained for a preemption
+and until when. Nothing here knows whether the controller is a namespace on this machine or a VM
+in a cloud.
 """
 
 from __future__ import annotations
@@ -83,7 +84,6 @@ class JoinedProvisioner(Provisioner):
         }
         self._names: dict[str, str] = {}  # cloud node id -> node name
         self._noticed: set[str] = set()
-        self._pending: list[Event] = []
         self._stop = stop or threading.Event()
 
     @property

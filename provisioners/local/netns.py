@@ -33,8 +33,8 @@ log = logging.getLogger(__name__)
 
 PUBLIC_NETWORK = ipaddress.ip_network("198.51.100.0/24")  # TEST-NET-2
 BRIDGE = "inet0"
-T = TypeVar("T")
 PREFIX = "geo+"  # then the job, "+", the VM: "+" is not in a job slug, so no job prefixes another
+T = TypeVar("T")
 
 
 class NetnsError(CommandError):
