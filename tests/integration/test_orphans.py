@@ -52,7 +52,8 @@ def test_a_killed_submit_leaves_no_process_and_spares_the_job_beside_it(tmp_path
     the end leaves none either (one test: the two start-ups overlap on a 2-core machine)."""
     with (
         _Submit(tmp_path, "orphans-killed", steps=100_000) as doomed,
-        _Submit(tmp_path, "orphans-done", steps=150) as beside,
+        # enough steps to outlast the other's kill and sweep on a fast host (150 did not)
+        _Submit(tmp_path, "orphans-done", steps=600) as beside,
     ):
         doomed.wait_for_training()
         beside.wait_for_training()
