@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan
 from runtime.layout import Layout, Link, WorkerSpec
 
 
-def layout_from_plan(plan: Plan, *, model: str, device: str = "cpu", network=None) -> Layout:
+def layout_from_plan(
+    plan: Plan, *, model: str, devices: Mapping[str, str] | None = None, network=None
+) -> Layout:
     """The runtime's view of ``plan``: one worker per replica of each stage, stage-major ranks.
+    ``devices``: "cuda" or "cpu" per place (runtime.group.place_devices; missing: "cpu").
     With ``network`` (the simulator's NetworkView), traffic between distinct places is emulated
     with the latency and bandwidth the simulator assumes for them (at the plan's stream count)."""
+    devices = devices or {}
     wide = sorted({r.tp for stage in plan.stages for r in stage.replicas if r.tp > 1})
     if wide:
         raise UserError(
@@ -20,7 +26,13 @@ def layout_from_plan(plan: Plan, *, model: str, device: str = "cpu", network=Non
         )
     micro = plan.microbatches()
     workers = tuple(
-        WorkerSpec(stage=s, replica=i, place=replica.infra, device=device, microbatches=micro[i])
+        WorkerSpec(
+            stage=s,
+            replica=i,
+            place=replica.infra,
+            device=devices.get(replica.infra, "cpu"),
+            microbatches=micro[i],
+        )
         for s, stage in enumerate(plan.stages)
         for i, replica in enumerate(stage.replicas)
     )

@@ -46,8 +46,16 @@ class StageWorker:
         from runtime.workload import build_workload
 
         torch.set_num_threads(1)  # one CPU slot per worker, as a GPU per worker on a GPU node
+        pin_interfaces(ray.util.get_node_ip_address())
         if self.layout.workers[self.rank].device == "cpu":
             keep_freed_memory()  # as the profiler measured (runtime/memory.py)
+        elif not torch.cuda.is_available():
+            raise RuntimeError(
+                f"worker {self.rank} is placed on a GPU of node {ray.util.get_node_ip_address()}, "
+                "but torch there sees no CUDA device: install a CUDA build of torch on the node"
+            )
+        else:
+            torch.cuda.set_device(0)  # Ray's CUDA_VISIBLE_DEVICES shows this worker its GPU only
         comm = Comm(self.layout, self.rank, init_method=init_method, timeout_s=timeout_s)
         workload = build_workload(
             self.layout.model, seed=self.config.seed, corpus_bytes=self.corpus_bytes
@@ -165,6 +173,24 @@ class StageWorker:
     def close(self) -> None:
         if self.runner is not None:
             self.runner.close()
+
+
+def pin_interfaces(ip: str) -> None:
+    """Make gloo and NCCL listen where Ray does, unless told otherwise. On a cloud VM the host
+    name resolves to the VM's private address, which another cloud cannot reach; the node's Ray
+    address is its overlay address (provisioners/bootstrap). Loopback (every node on one
+    machine) needs nothing."""
+    import os
+
+    import psutil
+
+    if ip.startswith("127."):
+        return
+    for name, addresses in psutil.net_if_addrs().items():
+        if any(a.address == ip for a in addresses):
+            os.environ.setdefault("GLOO_SOCKET_IFNAME", name)
+            os.environ.setdefault("NCCL_SOCKET_IFNAME", name)
+            return
 
 
 def _peak_memory_bytes(device: str) -> int:

@@ -1,8 +1,14 @@
-"""Tensors between workers: torch.distributed (gloo on CPU, NCCL on GPU) under Ray's control.
+"""Tensors between workers: torch.distributed (gloo, and NCCL between GPUs of one place) under
+Ray's control.
 
-``Comm`` joins the job's process group and creates, on every rank and in the same order (as
-torch.distributed requires), the groups the Layout names: each stage's data-parallel group, its
-zone and region groups and cross-region leaders for the hierarchical all-reduce.
+``Comm`` joins the job's process group (gloo, on every rank) and creates, on every rank and in the
+same order (as torch.distributed requires), the groups the Layout names: each stage's
+data-parallel group, its zone and region groups and cross-region leaders for the hierarchical
+all-reduce. A group or pipeline pair whose members are all on CUDA in one place
+(``Layout.on_nccl``) also gets an NCCL group, and its tensors go from GPU to GPU; every other
+exchange copies a GPU tensor to host memory, goes over gloo (across the overlay between locations,
+or to a CPU worker), and copies it back. NCCL's operations are asynchronous to the host: a receive
+or collective on it waits for the device, so the phase timers measure the same wait as on gloo.
 
 Point-to-point sends are asynchronous (``isend``) and receives block: with 1F1B's order on every
 stage, each receive is matched by a send already posted, so no two stages wait on each other. A
@@ -30,15 +36,17 @@ class Comm:
         self, layout: Layout, rank: int, *, init_method: str, timeout_s: float = 300
     ) -> None:
         self.layout, self.rank = layout, rank
-        backend = "nccl" if layout.workers[rank].device == "cuda" else "gloo"
+        cuda = layout.workers[rank].device == "cuda"
+        self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else None
         dist.init_process_group(
-            backend,
+            "gloo",
             init_method=init_method,
             rank=rank,
             world_size=layout.world_size,
             timeout=timedelta(seconds=timeout_s),
         )
         self._groups: dict[tuple[int, ...], object] = {}
+        self._nccl: dict[tuple[int, ...], object] = {}  # NCCL groups, by their sorted ranks
         self._create_groups()
         # per peer, oldest first: [message number, tensor, work handles (one, once posted)]
         self._pending: dict[int, deque] = defaultdict(deque)
@@ -47,7 +55,7 @@ class Comm:
         self.wait_s: dict[str, float] = defaultdict(float)
         self.timeout_s = timeout_s
         # emulated links (Layout.links): sends are paced, collectives padded to their modeled time
-        self._pacer = SendPacer(lambda tensor, to: dist.isend(tensor, to)) if layout.links else None
+        self._pacer = SendPacer(self._post) if layout.links else None
 
     def _create_groups(self) -> None:
         """Every group of the layout, created by every rank in one order."""
@@ -61,9 +69,34 @@ class Comm:
         for ranks in wanted:
             if len(ranks) > 1 and ranks not in self._groups:
                 self._groups[ranks] = dist.new_group(list(ranks))
+        if not layout.uses_cuda:
+            return
+        # pipeline neighbours and the tied weight's two ends exchange point to point
+        for i in range(layout.replicas):
+            pipeline = layout.pipeline(i)
+            wanted += [tuple(sorted(p)) for p in zip(pipeline, pipeline[1:], strict=False)]
+            wanted.append(tuple(sorted((pipeline[0], pipeline[-1]))))
+        for ranks in wanted:
+            # every rank creates every NCCL group, members or not (torch.distributed's rule);
+            # NCCL sets up its communicator at the group's first operation, on members only
+            key = tuple(sorted(set(ranks)))
+            if layout.on_nccl(key) and key not in self._nccl:
+                self._nccl[key] = dist.new_group(list(key), backend="nccl")
 
     def group(self, ranks: tuple[int, ...]):
         return self._groups[ranks]
+
+    def _pair(self, peer: int):
+        """The NCCL group to ``peer``, or None: the pair talks over gloo (the default group)."""
+        return self._nccl.get(tuple(sorted((self.rank, peer))))
+
+    def _post(self, tensor: torch.Tensor, to: int):
+        return dist.isend(tensor, to, group=self._pair(to))
+
+    def _device_wait(self) -> None:
+        """Wait until the device has done what NCCL queued (so a phase's timer holds its wait)."""
+        if self.device is not None:
+            torch.cuda.synchronize(self.device)
 
     # -- point to point --------------------------------------------------------------------------
 
@@ -71,6 +104,8 @@ class Comm:
         """Send ``tensor`` to rank ``to`` without waiting; returns the message's number on that
         pair (for ``release``)."""
         tensor = tensor.contiguous()
+        if tensor.is_cuda and self._pair(to) is None:
+            tensor = tensor.cpu()  # over gloo: from host memory
         here, there = self.layout.workers[self.rank].place, self.layout.workers[to].place
         self.bytes_sent[(here, there)] += tensor.numel() * tensor.element_size()
         link = self.layout.link(here, there)
@@ -85,7 +120,7 @@ class Comm:
                 record=works,
             )
         else:
-            works.append(dist.isend(tensor, to))
+            works.append(self._post(tensor, to))
         self._pending[to].append((number, tensor, works))
         return number
 
@@ -100,11 +135,15 @@ class Comm:
     def recv(
         self, shape: tuple[int, ...], dtype: torch.dtype, source: int, *, phase: str
     ) -> torch.Tensor:
-        tensor = torch.empty(shape, dtype=dtype)
+        """The next tensor from ``source``, on this worker's device."""
+        group = self._pair(source)
+        tensor = torch.empty(shape, dtype=dtype, device=self.device if group else None)
         start = time.perf_counter()
-        dist.recv(tensor, source)
+        dist.recv(tensor, source, group=group)
+        if group is not None:
+            self._device_wait()
         self.wait_s[phase] += time.perf_counter() - start
-        return tensor
+        return tensor if self.device is None else tensor.to(self.device)
 
     def finish_sends(self, *, delivered: bool = False) -> None:
         """Wait until this rank's sends have left it: on an emulated link, until its channel has
@@ -128,20 +167,18 @@ class Comm:
     def all_reduce(self, tensor: torch.Tensor, ranks: tuple[int, ...]) -> None:
         """Sum ``tensor`` over ``ranks`` in place (nothing to do for a group of one)."""
         if len(ranks) > 1:
-            self._collective(
-                "all_reduce", tensor, ranks, lambda g: dist.all_reduce(tensor, group=g)
-            )
+            self._collective("all_reduce", tensor, ranks, lambda t, g: dist.all_reduce(t, group=g))
 
     def reduce(self, tensor: torch.Tensor, ranks: tuple[int, ...]) -> None:
         if len(ranks) > 1:
             self._collective(
-                "reduce", tensor, ranks, lambda g: dist.reduce(tensor, dst=ranks[0], group=g)
+                "reduce", tensor, ranks, lambda t, g: dist.reduce(t, dst=ranks[0], group=g)
             )
 
     def broadcast(self, tensor: torch.Tensor, ranks: tuple[int, ...]) -> None:
         if len(ranks) > 1:
             self._collective(
-                "broadcast", tensor, ranks, lambda g: dist.broadcast(tensor, src=ranks[0], group=g)
+                "broadcast", tensor, ranks, lambda t, g: dist.broadcast(t, src=ranks[0], group=g)
             )
 
     def compressed_all_reduce(
@@ -152,8 +189,8 @@ class Comm:
         if len(ranks) > 1:
             sent: list[int] = []
 
-            def run(group) -> None:
-                sent.append(compressor.all_reduce(flat, group, len(ranks), sample))
+            def run(tensor, group) -> None:
+                sent.append(compressor.all_reduce(tensor, group, len(ranks), sample))
 
             self._collective(
                 "all_reduce", flat, ranks, run, wire_bytes=lambda: sent[0] / (len(ranks) - 1)
@@ -163,7 +200,16 @@ class Comm:
         self, kind: str, tensor: torch.Tensor, ranks: tuple[int, ...], run, wire_bytes=None
     ) -> None:
         start = time.perf_counter()
-        run(self._groups[ranks])
+        nccl = self._nccl.get(tuple(sorted(ranks)))
+        if nccl is not None:
+            run(tensor, nccl)
+            self._device_wait()
+        elif tensor.is_cuda:  # over gloo: through host memory and back
+            staged = tensor.cpu()
+            run(staged, self._groups[ranks])
+            tensor.copy_(staged)
+        else:
+            run(tensor, self._groups[ranks])
         size = wire_bytes() if wire_bytes else tensor.numel() * tensor.element_size()
         self._count_ring(ranks, size)
         if self.layout.links:

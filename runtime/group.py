@@ -32,6 +32,21 @@ def _port_taken(error: BaseException) -> bool:
     return "EADDRINUSE" in str(error) or "address already in use" in str(error)
 
 
+def place_devices(places: tuple[str, ...]) -> dict[str, str]:
+    """The device workers in each place train on: "cuda" where every live node of the place
+    (carrying its ``infra:<place>`` resource) has a GPU, else "cpu" (the local simulated cloud's
+    nodes, CPU-only cloud nodes)."""
+    import ray
+
+    nodes = [n for n in ray.nodes() if n.get("Alive")]
+    devices = {}
+    for place in places:
+        here = [n["Resources"] for n in nodes if n["Resources"].get(f"infra:{place}", 0) > 0]
+        gpus = bool(here) and all(r.get("GPU", 0) >= 1 for r in here)
+        devices[place] = "cuda" if gpus else "cpu"
+    return devices
+
+
 class WorkerPlacementError(RuntimeError):
     """The cluster cannot hold every worker of the layout where it must run."""
 
@@ -61,18 +76,26 @@ class WorkerGroup:
         timeout_s: float = 120.0,
         name: str | None = None,
         nodes: tuple[str, ...] | None = None,
+        gpu_share: float = 1.0,
     ) -> WorkerGroup:
         """Place and set up one worker per rank; ``name``: a detached, named group (unique per
         start: a failed start's names are not reused); ``nodes``: the Ray node id of each rank
         (a restart that keeps each rank on the node it ran on, e.g. so a re-balanced share of
-        the batch stays with the node it was measured on)."""
+        the batch stays with the node it was measured on); ``gpu_share``: the part of a GPU each
+        CUDA worker takes (below 1, workers share a GPU: small models, tests on one GPU; NCCL
+        refuses two ranks of one group on one GPU, so sharers must be in different places)."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
         # the gang as one placement group: all workers get their slot in their place, or none do
         bundles = [
-            {"CPU": 1.0, **({f"infra:{w.place}": 1.0} if by_place else {})} for w in layout.workers
+            {
+                "CPU": 1.0,
+                **({"GPU": gpu_share} if w.device == "cuda" else {}),
+                **({f"infra:{w.place}": 1.0} if by_place else {}),
+            }
+            for w in layout.workers
         ]
         options = {} if name is None else {"name": f"{name}-gang", "lifetime": "detached"}
         if nodes is not None:
@@ -95,6 +118,7 @@ class WorkerGroup:
             actors = [
                 remote.options(
                     num_cpus=1,
+                    num_gpus=gpu_share if layout.workers[rank].device == "cuda" else 0,
                     **(
                         {}
                         if label is None

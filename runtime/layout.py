@@ -78,6 +78,9 @@ class Layout:
             yield f"stage layer ranges {list(self.layers)} must start at 0 and follow each other"
         if len(self.warmup) != stages:
             yield f"{len(self.warmup)} warm-up values for {stages} stages"
+        for rank, w in enumerate(self.workers):
+            if w.device not in ("cpu", "cuda"):
+                yield f"worker {rank} has device {w.device!r}; expected 'cpu' or 'cuda'"
         for i in range(replicas):
             shares = {self.worker(s, i).microbatches for s in range(stages)}
             if len(shares) != 1:
@@ -129,6 +132,21 @@ class Layout:
     @cached_property
     def _links(self) -> dict[tuple[str, str], Link]:
         return {(k.src, k.dst): k for k in self.links}
+
+    @property
+    def uses_cuda(self) -> bool:
+        return any(w.device == "cuda" for w in self.workers)
+
+    def on_nccl(self, ranks: tuple[int, ...]) -> bool:
+        """Whether ``ranks`` exchange tensors over NCCL, straight from GPU memory: all on CUDA in
+        one place (NCCL's sockets or NVLink reach inside a location). Any other group stages its
+        tensors through host memory and gloo, which crosses the overlay between locations and
+        talks to CPU workers."""
+        return (
+            len(set(ranks)) > 1
+            and len({self.workers[r].place for r in ranks}) == 1
+            and all(self.workers[r].device == "cuda" for r in ranks)
+        )
 
     def places(self) -> tuple[str, ...]:
         return tuple(sorted({w.place for w in self.workers}))

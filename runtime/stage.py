@@ -58,11 +58,16 @@ class StageRunner:
         # every worker builds the whole model from the seed and keeps its stage: identical weights
         # everywhere without a broadcast (fine for the built-in sizes the CPU runtime trains)
         start, end = layout.layers[self.stage]
-        self.module = nn.Sequential(*workload.layers[start:end])
+        mbs = layout.microbatch_size
+        # the shape entering this stage, found by running the layers before it on the host
+        self.activation = workload.boundary(start, mbs) if self.stage > 0 else None
+        # the comm's device: this worker's GPU on a CUDA worker, else None (the host)
+        self.device = comm.device
+        self.module = nn.Sequential(*workload.layers[start:end]).to(self.device or "cpu")
         self.parameters = list(self.module.parameters())
         # gradients live in one flat buffer (each .grad a view of it): backward accumulates into
         # it in place and the all-reduce sends it as is, with no gather or scatter copy
-        self.flat_grad = torch.zeros(sum(p.numel() for p in self.parameters))
+        self.flat_grad = torch.zeros(sum(p.numel() for p in self.parameters), device=self.device)
         offset = 0
         for p in self.parameters:
             p.grad = self.flat_grad[offset : offset + p.numel()].view_as(p)
@@ -85,11 +90,9 @@ class StageRunner:
         self.state_lock = threading.Lock()  # the optimizer's update against a rescue copy
         self.applied = 0  # optimizer steps the weights hold (set again by a restore)
         self.grads_finite = True  # the last step's summed gradient held no NaN or inf
-        mbs = layout.microbatch_size
         self.sample_offset = mbs * sum(
             layout.worker(0, i).microbatches for i in range(self.replica)
         )
-        self.activation = workload.boundary(start, mbs) if not self.first else None
         self.last_phases_s: dict[str, float] = {}
         # the cross-region hop's compression (region leaders only use it)
         self.compressor = (
@@ -180,6 +183,7 @@ class StageRunner:
             "param_names": list(self.optimizer_names),  # for restoring into other layouts
             "tied_optimizer": self.tied_optimizer.state_dict() if self.tied_optimizer else None,
             "torch_rng": torch.random.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device else None,
             "compression": self.compressor.state_dict() if self.compressor else None,
         }
 
@@ -195,6 +199,8 @@ class StageRunner:
         if self.tied_optimizer is not None:
             self.tied_optimizer.load_state_dict(state["tied_optimizer"])
         torch.random.set_rng_state(state["torch_rng"])
+        if self.device is not None and state.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
         if self.compressor is not None and state.get("compression"):
             self.compressor.load_state_dict(state["compression"])
 
@@ -211,7 +217,10 @@ class StageRunner:
     def _samples(self, step: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         mbs = self.layout.microbatch_size
         first = step * self.config.global_batch_size + self.sample_offset + j * mbs
-        return self.workload.samples(first, mbs)
+        inputs, targets = self.workload.samples(first, mbs)
+        if self.device is None:
+            return inputs, targets
+        return inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
 
     def _forward(self, step: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         layout = self.layout

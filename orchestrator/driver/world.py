@@ -240,8 +240,15 @@ class RuntimeTrainer:
 
     def _layout(self, plan: Plan):
         from orchestrator.layout import layout_from_plan
+        from runtime.group import place_devices
 
-        return layout_from_plan(plan, model=self.recipe.model.name, network=self.network)
+        places = tuple(sorted({r.infra for stage in plan.stages for r in stage.replicas}))
+        return layout_from_plan(
+            plan,
+            model=self.recipe.model.name,
+            devices=place_devices(places),
+            network=self.network,
+        )
 
     def start(self, plan: Plan, *, restore_step: int | None, same_nodes: bool = False) -> int:
         import ray

@@ -57,3 +57,66 @@ def test_a_broken_layout_names_every_problem():
         )
     text = str(caught.value)
     assert "follow each other" in text and "warm-up" in text and "different microbatch" in text
+
+
+def test_devices_per_place_and_which_groups_take_nccl():
+    layout = layout_from_plan(
+        _plan([A1, A1, A2, B1]), model="gpt-tiny", devices={A1: "cuda", A2: "cuda"}
+    )
+    assert [w.device for w in layout.workers[:4]] == ["cuda", "cuda", "cuda", "cpu"]
+    assert layout.uses_cuda
+    assert layout.on_nccl((0, 1))  # GPUs of one place
+    assert not layout.on_nccl((1, 2))  # GPUs of two places: through host memory over gloo
+    assert not layout.on_nccl((2, 3))  # a GPU and a CPU worker
+    assert not layout.on_nccl((0, 0)) and not layout.on_nccl((0,))  # no peer: nothing to send
+    assert layout.on_nccl((0, 4))  # a pipeline's two stages in one place
+    plain = layout_from_plan(_plan([A1, A2]), model="gpt-tiny")
+    assert not plain.uses_cuda and all(w.device == "cpu" for w in plain.workers)
+
+
+def test_an_unknown_device_is_refused():
+    with pytest.raises(LayoutError, match="device 'tpu'"):
+        Layout(
+            model="gpt-tiny",
+            layers=((0, 6),),
+            workers=(WorkerSpec(stage=0, replica=0, place=A1, device="tpu", microbatches=1),),
+            microbatch_size=1,
+            warmup=(0,),
+        )
+
+
+def test_place_devices_reads_the_gpus_of_each_places_live_nodes(monkeypatch):
+    import ray
+
+    from runtime.group import place_devices
+
+    def node(place, gpus, alive=True):
+        resources = {"CPU": 4.0, f"infra:{place}": 1.0, **({"GPU": gpus} if gpus else {})}
+        return {"Alive": alive, "Resources": resources}
+
+    nodes = [node(A1, 1), node(A1, 8), node(A2, 0), node(A2, 1), node(B1, 0, alive=False)]
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    # every live node of A1 has a GPU; A2 has a CPU node (a worker may land there); B1 has none
+    assert place_devices((A1, A2, B1)) == {A1: "cuda", A2: "cpu", B1: "cpu"}
+
+
+def test_workers_listen_where_ray_does_off_loopback(monkeypatch):
+    import os
+    from types import SimpleNamespace
+
+    import psutil
+
+    from runtime.actor import pin_interfaces
+
+    addresses = {"lo": [SimpleNamespace(address="127.0.0.1")]}
+    addresses["wg0"] = [SimpleNamespace(address="100.64.0.7")]
+    monkeypatch.setattr(psutil, "net_if_addrs", lambda: addresses)
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        monkeypatch.delenv(name, raising=False)
+    pin_interfaces("127.0.0.1")
+    assert "GLOO_SOCKET_IFNAME" not in os.environ
+    pin_interfaces("100.64.0.7")
+    assert os.environ["GLOO_SOCKET_IFNAME"] == os.environ["NCCL_SOCKET_IFNAME"] == "wg0"
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")  # the operator's own choice stays
+    pin_interfaces("100.64.0.7")
+    assert os.environ["NCCL_SOCKET_IFNAME"] == "ib0"
