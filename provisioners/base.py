@@ -160,6 +160,7 @@ class LaunchRequest:
     gpu: str
     count: int
     spot: bool = True
+    gpus_per_node: int = 1  # the instance type's (a node's worker slots)
     labels: tuple[tuple[str, str], ...] = ()  # extra key/value labels to put on every node
     timeout_s: float = 600.0  # how long to wait for every node to run before giving up
     # the boot script of each node, in order (user-data, startup-script, customData, a SkyPilot

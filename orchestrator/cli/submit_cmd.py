@@ -77,6 +77,12 @@ def add_submit(commands: argparse._SubParsersAction, formatter: type) -> None:
         default=None,
         help="what a local cloud VM is [the recipe's local_cloud.vms]",
     )
+    p.add_argument(
+        "--emulate",
+        action="store_true",
+        help="run a cloud provider's recipe (aws) on its emulation: moto's API, each instance "
+        "booted as a namespace VM from its user-data (needs root)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(run=run_submit)
 
@@ -92,6 +98,7 @@ def run_submit(args: argparse.Namespace, catalog: Catalog) -> int:
         on_step=progress.show,
         from_scratch=args.from_scratch,
         vms=args.vms,
+        emulate=args.emulate,
     )
     try:
         result = run_job(args.recipe, catalog, options)

@@ -51,6 +51,9 @@ class DriverSpec:
     lose_at: tuple[int, ...] = ()  # nodes taken without notice
     migration_s: float = 15.0  # a move's pause on this world until one is measured
     launch_timeout_s: float = 600.0  # the provider's launch budget (Provisioner.launch_timeout_s)
+    # a cloud provider's world (driver/cloud.py CloudSpec): the actor builds the provider's adapter
+    # itself; None: the local cloud, reached through the gateway
+    cloud: object | None = None
 
 
 class DriverActor:
@@ -119,9 +122,12 @@ def _log_to_file(spec: DriverSpec) -> Path:
     return path
 
 
-def start_driver(spec: DriverSpec, *, job: str, node: str | None):
+def start_driver(
+    spec: DriverSpec, *, job: str, node: str | None, env: dict[str, str] | None = None
+):
     """The job's driver actor, on ``node`` while that node lives (soft affinity: a restart goes
-    wherever Ray finds room)."""
+    wherever Ray finds room); ``env``: its environment's additions (a cloud SDK's credentials
+    on an emulated cloud)."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
@@ -145,6 +151,7 @@ def start_driver(spec: DriverSpec, *, job: str, node: str | None):
         # lands on the head, never on a node that trains (whose loss would take both)
         resources={"controller": 0.001},
         scheduling_strategy=strategy,
+        **({"runtime_env": {"env_vars": env}} if env else {}),
     )
     return remote.remote(spec)
 

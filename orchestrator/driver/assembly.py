@@ -40,7 +40,12 @@ def build_driver(
     recipe, catalog = spec.recipe, default_catalog()
     store = StateStore(job_folder(recipe, Path(spec.recipe_path), Path(spec.jobs_dir)))
     state = store.load().state
-    provisioner = RemoteProvisioner(spec.gateway)
+    market = RemoteProvisioner(spec.gateway)  # the local cloud, or an emulated cloud's market
+    provisioner = market
+    if spec.cloud is not None:  # the provider's API, called from here (the controller)
+        from orchestrator.driver.cloud import cloud_provisioner
+
+        provisioner = cloud_provisioner(spec.cloud, job=state.job)
     network = None
     if recipe.runtime.link_emulation:
         network = views_for(catalog, catalog.market("local"))[0]
@@ -54,6 +59,7 @@ def build_driver(
     )
     chaos = ChaosSchedule(
         provisioner,
+        market=market,
         nodes=set(spec.preempt_at),
         locations=set(spec.preempt_location_at),
         drivers=set(spec.preempt_driver_at),

@@ -20,6 +20,7 @@ class ChaosSchedule:
         self,
         provisioner,
         *,
+        market=None,
         nodes: set[int],
         locations: set[int],
         drivers: set[int] = frozenset(),
@@ -29,6 +30,8 @@ class ChaosSchedule:
         events: EventLog | None = None,
     ) -> None:
         self.provisioner, self.own_node, self.events = provisioner, own_node, events
+        # who takes nodes back: the local cloud itself, or an emulated provider's market
+        self.market = provisioner if market is None else market
         listed = [(s, "node") for s in nodes] + [(s, "location") for s in locations]
         listed += [(s, "driver") for s in drivers] + [(s, "lose") for s in losses]
         self.pending = sorted(item for item in listed if item[0] > done_steps)
@@ -40,7 +43,7 @@ class ChaosSchedule:
             if what == "driver":
                 if self.own_node in cloud_nodes:  # not when Ray restarted it on the head
                     self._log(what, self.own_node, state.step)
-                    self.provisioner.preempt_now(self.own_node)
+                    self.market.preempt_now(self.own_node)
                 continue
             held = {n: node for n, node in cloud_nodes.items() if n in state.nodes}
             if not held:
@@ -48,11 +51,11 @@ class ChaosSchedule:
             first = held[min(held)]
             self._log(what, first.node_id, state.step)
             if what == "location":  # and the market has none there for a while
-                self.provisioner.preempt_location(first.infra, outage_s=LOCATION_OUTAGE_S)
+                self.market.preempt_location(first.infra, outage_s=LOCATION_OUTAGE_S)
             elif what == "lose":
-                self.provisioner.lose_now(first.node_id)
+                self.market.lose_now(first.node_id)
             else:
-                self.provisioner.preempt_now(first.node_id)
+                self.market.preempt_now(first.node_id)
 
     def _log(self, what: str, node: str, step: int) -> None:
         if self.events is not None:

@@ -57,6 +57,7 @@ class Request:
     spot: bool
     usd_per_node_hour: float
     instance_type: str = ""  # the offer's; empty where the cloud picks
+    gpus_per_node: int = 1  # the offer's
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -53,6 +53,9 @@ class RunOptions:
     # start the job again from step 0 even if it has state (its checkpoints are then unused)
     from_scratch: bool = False
     vms: str | None = None  # None: the recipe's local_cloud.vms
+    # a cloud provider's recipe on its emulation (driver/cloud.py): moto's server for AWS, its
+    # instances booted as namespace VMs
+    emulate: bool = False
 
 
 @dataclass(frozen=True)
@@ -98,13 +101,21 @@ def run_job(recipe_path: Path, catalog: Catalog, options: RunOptions) -> RunResu
     This process owns the local cloud (its market and Ray nodes) and serves its API; the driver
     runs as a Ray actor on a controller node of its own (driver/actor.py)."""
     recipe = load_recipe(recipe_path, catalog=catalog)
-    if recipe.provider != "local":
-        _check_credentials(recipe.provider, recipe_path)
+    if recipe.provider == "local" and options.emulate:
         raise UserError(
-            f"submit runs on the local simulated cloud in this version, not {recipe.provider}",
+            "--emulate emulates a cloud provider; this recipe runs on the local simulated cloud",
             file=str(recipe_path),
             field="provider",
-            fix="write provider: local (plan and simulate work for every provider)",
+            fix="drop --emulate, or write provider: aws",
+        )
+    if recipe.provider != "local" and not options.emulate:
+        _check_credentials(recipe.provider, recipe_path)
+        raise UserError(
+            f"submit launches on {recipe.provider} itself in a later version (the controller VM "
+            "is not built yet); here it runs on the local simulated cloud or an emulation",
+            file=str(recipe_path),
+            field="provider",
+            fix="add --emulate to train on an emulated cloud (aws), or write provider: local",
         )
     folder = job_folder(recipe, recipe_path, options.jobs_dir)
     with JobLock.acquire(folder, job=folder.name):  # one running driver per job
@@ -143,14 +154,25 @@ def _run_locked(recipe: Recipe, recipe_path: Path, folder: Path, options: RunOpt
     from orchestrator.driver.local import run_on_local_cloud
 
     started = time.monotonic()
-    final, choice = run_on_local_cloud(
-        spec,
-        folder=folder,
-        recipe_path=recipe_path,
-        vms=options.vms,
-        notice_s=options.notice_s,
-        on_step=options.on_step,
-    )
+    if options.emulate:
+        from orchestrator.driver.cloud import run_on_emulated_cloud
+
+        final, choice = run_on_emulated_cloud(
+            spec,
+            folder=folder,
+            recipe_path=recipe_path,
+            notice_s=options.notice_s,
+            on_step=options.on_step,
+        )
+    else:
+        final, choice = run_on_local_cloud(
+            spec,
+            folder=folder,
+            recipe_path=recipe_path,
+            vms=options.vms,
+            notice_s=options.notice_s,
+            on_step=options.on_step,
+        )
     return RunResult(final, folder, time.monotonic() - started, choice)
 
 

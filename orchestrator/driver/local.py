@@ -55,7 +55,14 @@ def run_on_local_cloud(
         launch_timeout_s=provisioner.launch_timeout_s,
     )
     try:
-        return _serve_and_follow(provisioner, spec, folder.name, on_step)
+        return serve_and_follow(
+            provisioner,
+            spec,
+            job=folder.name,
+            address=provisioner.address,
+            controller=lambda: provisioner.launch_controller(name=f"{folder.name}-controller"),
+            on_step=on_step,
+        )
     finally:
         provisioner.close()
 
@@ -98,22 +105,27 @@ def local_vms(
     return LocalCluster()
 
 
-def _serve_and_follow(provisioner, spec: DriverSpec, job: str, on_step):
-    """Start the cluster, serve the cloud's API to the driver actor and follow the job."""
+def serve_and_follow(
+    service, spec: DriverSpec, *, job: str, address: str, controller, on_step, env=None
+):
+    """Join the cluster at ``address``, serve ``service`` (the local cloud's API, or an emulated
+    provider's market) to the driver actor through the gateway, start the driver on the node
+    ``controller()`` launches (None: wherever the ``controller`` resource is) and follow the job.
+    ``env``: the driver's environment's additions."""
     import ray
 
     from provisioners.local.gateway import serve, start_gateway
 
     stop, server, actor = threading.Event(), None, None
     try:
-        ray.init(address=provisioner.address, log_to_driver=False, namespace=NAMESPACE)
-        controller = provisioner.launch_controller(name=f"{job}-controller")
+        ray.init(address=address, log_to_driver=False, namespace=NAMESPACE)
+        node = controller()
         gateway = start_gateway(spec.gateway)
         server = threading.Thread(
-            target=serve, args=(provisioner, gateway, stop), name="local-cloud-api", daemon=True
+            target=serve, args=(service, gateway, stop), name="cloud-api", daemon=True
         )
         server.start()
-        actor = start_driver(spec, job=job, node=controller.node_id)
+        actor = start_driver(spec, job=job, node=None if node is None else node.node_id, env=env)
         return follow(actor, on_step)
     finally:
         if actor is not None:

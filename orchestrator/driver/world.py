@@ -173,6 +173,7 @@ def requests_for(plan: Plan, market: OfferTable) -> list[Request]:
                 spot=spot,
                 usd_per_node_hour=offer.price_usd_per_hour(spot=spot),
                 instance_type=offer.instance_type,
+                gpus_per_node=offer.gpus_per_node,
             )
         )
     return requests
@@ -191,6 +192,7 @@ class ProvisionerCloud:
             count=request.count,
             spot=request.spot,
             timeout_s=self.launch_timeout_s,
+            gpus_per_node=request.gpus_per_node,
         )
         try:
             return [node.node_id for node in self.provisioner.launch(launch)]

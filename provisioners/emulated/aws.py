@@ -24,6 +24,7 @@ import os
 import subprocess
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -52,14 +53,20 @@ class EmulatedAws:
         *,
         internet: netns.Internet,
         folder: Path,
-        region: str = "us-east-1",
+        regions: tuple[str, ...] = ("us-east-1",),
         vm_env: dict[str, str] | None = None,
+        spot_usd_per_hour: Mapping[tuple[str, str], float] | None = None,
     ) -> None:
         """``internet``: the job's simulated internet (made); ``folder``: where each VM's
-        user-data and console log go; ``vm_env``: the environment a VM's boot starts with."""
-        self.internet, self.folder, self.region = internet, Path(folder), region
+        user-data and console log go; ``regions``: where instances boot; ``vm_env``: the
+        environment a VM's boot starts with; ``spot_usd_per_hour``: the spot price the API
+        reports per (region, instance type) (moto's own is $0.00001 for everything; a type
+        missing here keeps it)."""
+        self.internet, self.folder, self.regions = internet, Path(folder), tuple(regions)
+        self.prices = dict(spot_usd_per_hour or {})
         self.vm_env = vm_env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         self._server = None
+        self._unpatch = None
         self._booted: dict[str, _Booted] = {}
         self._done: set[str] = set()  # instances whose VM came and went
         self._stop = threading.Event()
@@ -72,6 +79,7 @@ class EmulatedAws:
         from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per API call
+        self._unpatch = _price_book(self.prices)
         api = self.internet.add_vm(API_VM)
         self._server = ThreadedMotoServer(ip_address=api.public_ip, port=API_PORT, verbose=False)
         netns.in_namespace(api.netns, self._server.start)  # its socket in the api VM
@@ -80,13 +88,15 @@ class EmulatedAws:
         self._thread.start()
         return self.endpoint_url
 
-    def _backend(self):
+    def _instances(self) -> list:
         from moto.ec2.models import ec2_backends
 
-        return ec2_backends[ACCOUNT_ID][self.region]
-
-    def _instances(self) -> list:
-        return [i for r in self._backend().all_reservations() for i in r.instances]
+        return [
+            i
+            for region in self.regions
+            for r in ec2_backends[ACCOUNT_ID][region].all_reservations()
+            for i in r.instances
+        ]
 
     def _boot_loop(self) -> None:
         while not self._stop.wait(LOOK_S):
@@ -166,6 +176,21 @@ class EmulatedAws:
             booted.reclaim_at_s = time.time() + notice_s
             booted.metadata.metadata.notice_at_s = booted.reclaim_at_s
 
+    def interrupt_zone(self, zone: str, *, notice_s: float) -> list[str]:
+        """Reclaim every running instance in ``zone`` (a zone's spot capacity taken back)."""
+        with self._lock:
+            taken = [
+                i.id for i in self._instances() if i.id in self._booted and i.placement.zone == zone
+            ]
+        for instance_id in taken:
+            self.interrupt(instance_id, notice_s=notice_s)
+        return taken
+
+    def lose(self, instance_id: str) -> None:
+        """The instance's host fails: its VM vanishes now, with no notice."""
+        with self._lock:
+            self._booted[instance_id].reclaim_at_s = time.time()
+
     def vm_of(self, instance_id: str) -> netns.Vm | None:
         booted = self._booted.get(instance_id)
         return None if booted is None else booted.vm
@@ -188,6 +213,9 @@ class EmulatedAws:
         if self._server is not None:
             self._server.stop()
             self._server = None
+        if self._unpatch is not None:
+            self._unpatch()
+            self._unpatch = None
         self.internet.kill_vm(API_VM)
 
 
@@ -200,3 +228,27 @@ def _user_data(instance) -> bytes | None:
         return None
     text = data.as_bytes() if hasattr(data, "as_bytes") else data  # moto's Base64EncodedString
     return base64.b64decode(text)
+
+
+def _price_book(prices: Mapping[tuple[str, str], float]):
+    """Have moto's DescribeSpotPriceHistory report ``prices`` (per region and instance type)
+    while the emulator runs, in this process (moto's server runs here); returns the undo."""
+    from moto.ec2.responses.spot_instances import SpotInstances
+
+    original = SpotInstances.describe_spot_price_history
+
+    def describe(response):
+        result = original(response)
+        region = response.region
+        for entry in result.result["SpotPriceHistory"]:  # moto's ActionResult
+            price = prices.get((region, entry["InstanceType"]))
+            if price is not None:
+                entry["SpotPrice"] = f"{price:.6f}"
+        return result
+
+    SpotInstances.describe_spot_price_history = describe
+
+    def undo() -> None:
+        SpotInstances.describe_spot_price_history = original
+
+    return undo

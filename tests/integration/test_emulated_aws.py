@@ -35,6 +35,7 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     import boto3
     import ray
 
+    from orchestrator.driver.cloud import controller_link, node_boot
     from provisioners.aws import AwsProvisioner
     from provisioners.bootstrap.joined import JoinedProvisioner
     from provisioners.emulated.aws import EmulatedAws
@@ -61,11 +62,12 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
             on_demand_prices=False,
             poll_interval_s=0.5,
         )
+        cloud = _cloud(cluster, tmp_path / "nodes")
         joined = JoinedProvisioner(
             inner,
             job=JOB,
-            link=_link(cluster),
-            boot_for=_boot_for(cluster, tmp_path / "nodes"),
+            link=controller_link(cloud),
+            boot_for=node_boot(cloud, JOB),
             lease_s=3600.0,
         )
         yield joined, aws, cluster
@@ -80,54 +82,25 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     assert [n for n in netns.namespaces() if n.startswith(netns.prefix(JOB))] == []
 
 
-def _link(cluster):
-    from provisioners.bootstrap.joined import ControllerLink
-    from provisioners.local.cluster import alive_nodes, preempted_nodes
-    from provisioners.overlay.service import admin_call
-
-    def mint(name: str, ttl_s: float) -> str:
-        reply = admin_call(cluster.admin_socket, {"op": "mint", "node": name, "ttl_s": ttl_s})
-        return reply["token"]
-
-    return ControllerLink(
-        mint=mint,
-        forget=lambda name: admin_call(cluster.admin_socket, {"op": "remove", "node": name}),
-        joined=lambda: alive_nodes(cluster.address, label=vms.NODE_LABEL),
-        preempted=lambda: preempted_nodes(cluster.address, label=vms.NODE_LABEL),
-    )
-
-
-def _boot_for(cluster, folder: Path):
-    from provisioners.bootstrap.script import NodeBoot
-    from provisioners.local.cluster import OBJECT_STORE_BYTES, NodeSpec
+def _cloud(cluster, folder: Path):
+    """The controller's side as submit --emulate makes it (orchestrator/driver/cloud.py)."""
+    from orchestrator.driver.cloud import CloudSpec
 
     halt = f"PYTHONPATH={shlex.quote(str(vms.package_root()))} {sys.executable} -m "
     halt += "provisioners.local.netns halt-self"
-
-    def boot_for(name: str, token: str, request: LaunchRequest) -> NodeBoot:
-        cloud, region, zone = request.infra.split("/")
-        spec = NodeSpec(name=name, cloud=cloud, region=region, zone=zone, gpu=request.gpu,
-                        gpus=1, vcpus=1, gang=request.gang)  # fmt: skip
-        return NodeBoot(
-            job=JOB,
-            node=name,
-            install=cluster.install,
-            join_token=token,
-            ray_address=cluster.address,
-            node_dir=str(folder / name),
-            labels={**spec.labels(), vms.NODE_LABEL: name},
-            resources=spec.resources(),
-            num_cpus=1,
-            num_gpus=0,
-            object_store_bytes=OBJECT_STORE_BYTES,
-            grace_s=30.0,
-            notice_source="aws",
-            shutdown_command=halt,
-            log_file=str(folder / name / "bootstrap.log"),
-            ray_env=vms.RAY_ENV,
-        )
-
-    return boot_for
+    return CloudSpec(
+        provider="aws",
+        regions=(REGION,),
+        endpoint_url=None,
+        ray_address=cluster.address,
+        admin_socket=str(cluster.admin_socket),
+        install=cluster.install,
+        nodes_dir=str(folder),
+        ray_env=tuple(vms.RAY_ENV.items()),
+        shutdown_command=halt,
+        grace_s=30.0,
+        node_label=vms.NODE_LABEL,
+    )
 
 
 def test_an_instance_boots_its_user_data_joins_and_hears_its_reclaim(world):

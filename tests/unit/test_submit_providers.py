@@ -1,6 +1,8 @@
 """``submit`` on a provider other than the local cloud: a missing credential is named first (what
 the SDK's chain looked for, how to fix it), with exit code 2 and no traceback; with credentials,
-the provider is refused in this version with a fix. Nothing starts, nothing is written."""
+the provider is refused in this version with a fix (``--emulate`` runs it on its emulation).
+Nothing starts, nothing is written. The emulated world's parts that need no VM: the price book
+the emulated API reports, the market the chaos schedule acts through."""
 
 from __future__ import annotations
 
@@ -51,5 +53,61 @@ def test_a_provider_with_credentials_is_refused_in_this_version(tmp_path, capsys
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     code = main(["submit", str(_aws_recipe(tmp_path)), "--jobs-dir", str(tmp_path / "jobs")])
     err = capsys.readouterr().err
-    assert code == 2 and "local simulated cloud" in err and "To fix" in err
+    assert code == 2 and "local simulated cloud" in err and "--emulate" in err
     assert "not-a-real-secret" not in err
+
+
+def test_emulate_is_for_cloud_providers_and_says_so(tmp_path, capsys):
+    code = main(["submit", str(QUICKSTART), "--emulate", "--jobs-dir", str(tmp_path / "jobs")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--emulate" in err and "provider: aws" in err and "Traceback" not in err
+    assert not (tmp_path / "jobs").exists()
+
+
+def test_the_emulated_api_reports_the_catalogs_spot_prices():
+    from orchestrator.catalog import default_catalog
+    from orchestrator.driver.cloud import spot_price_book
+
+    catalog = default_catalog()
+    book = spot_price_book(catalog, "aws", ("us-east-1", "eu-west-1"))
+    assert {region for region, _ in book} == {"us-east-1", "eu-west-1"}
+    listed = [
+        o
+        for o in catalog.offers.offers
+        if o.location.cloud == "aws" and o.location.region == "us-east-1"
+        and o.instance_type == "g4dn.xlarge"
+    ]  # fmt: skip
+    assert book[("us-east-1", "g4dn.xlarge")] == min(o.spot_usd_per_hour for o in listed)
+    assert spot_price_book(catalog, "aws", ()) == {}
+
+
+def test_the_chaos_schedule_takes_nodes_through_the_emulated_market():
+    from types import SimpleNamespace
+
+    from orchestrator.driver.chaos import ChaosSchedule
+    from orchestrator.driver.cloud import EmulatorMarket
+
+    calls = []
+
+    class Emulator:
+        def interrupt(self, node_id, *, notice_s):
+            calls.append(("interrupt", node_id, notice_s))
+
+        def lose(self, node_id):
+            calls.append(("lose", node_id))
+
+        def interrupt_zone(self, zone, *, notice_s):
+            calls.append(("zone", zone, notice_s))
+            return []
+
+    node = SimpleNamespace(node_id="i-0abc", infra="aws/us-east-1/us-east-1a")
+    provisioner = SimpleNamespace(nodes=lambda: [node])
+    market = EmulatorMarket(Emulator(), notice_s=7.0)
+    chaos = ChaosSchedule(provisioner, market=market, nodes={2}, losses={3}, locations={4})
+    for step in (1, 2, 3, 4):
+        chaos.after(SimpleNamespace(step=step, nodes=("i-0abc",)))
+    assert calls == [
+        ("interrupt", "i-0abc", 7.0),
+        ("lose", "i-0abc"),
+        ("zone", "us-east-1a", 7.0),
+    ]

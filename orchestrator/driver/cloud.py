@@ -1,0 +1,273 @@
+"""A cloud provider as the job's world, here on an emulated cloud that really boots.
+
+The driver actor runs on the controller (the VM that holds the overlay's join service and the Ray
+head) and reaches the provider from there: it builds the provider's adapter itself
+(``cloud_provisioner``), wrapped in ``JoinedProvisioner``, which mints a join token per node, hands
+each node its bootstrap as its boot script (user-data on AWS), tags it with the job and a lease
+expiry, waits until it has joined Ray over the overlay and turns its on-node watcher's drain into a
+``PreemptionNotice``. Nothing of the cloud goes through the submitting process.
+
+``run_on_emulated_cloud`` is ``submit --emulate``: this process makes the job's simulated
+internet and controller VM (provisioners/local/vms.py) and an emulated provider on it (moto's
+server for AWS, provisioners/emulated/aws.py; every instance it starts boots as a namespace VM
+from its decoded user-data), reporting the catalog's published spot prices as its own. The
+market's chaos (``--preempt-at``: a spot reclaim with notice, heard by the node's watcher from its
+instance metadata) is the emulator's, so it is served to the driver through the gateway
+(provisioners/local/gateway.py), as the local cloud's is.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.errors import UserError
+
+EMULATED = ("aws",)  # providers with an emulation that boots
+# an Amazon Linux image moto knows (the default Deep Learning AMI parameter is not in moto's SSM)
+EMULATED_AMI_PARAMETER = "/aws/service/ami-amazon-linux-latest/amzn2-ami-hvm-x86_64-gp2"
+LEASE_S = 6 * 3600.0  # a VM's expiry tag: a job renews it (docs/provisioners.md, leaks)
+NOTICE_S = 10.0  # the emulated reclaim's notice (EC2 gives 120 s; shorter keeps runs short)
+MIGRATION_S = 13.0  # a move's pause until one is measured: as the local cloud's namespace VMs
+
+
+@dataclass(frozen=True, kw_only=True)
+class CloudSpec:
+    """What the driver actor needs to reach the provider and boot nodes into the job's cluster."""
+
+    provider: str
+    regions: tuple[str, ...]
+    endpoint_url: str | None  # the emulated API; None: the SDK's own
+    ray_address: str  # the Ray head's, on the controller's overlay address
+    admin_socket: str  # the overlay join service's, on the controller
+    install: object  # provisioners.bootstrap.script.Install: how a node gets our code
+    nodes_dir: str  # a node's bootstrap folder lives under it
+    ray_env: tuple[tuple[str, str], ...]
+    shutdown_command: str  # what a node runs to power itself off
+    grace_s: float  # the watcher's drain time before the node goes
+    node_label: str  # the Ray label a node carries its name in
+
+
+def cloud_provisioner(cloud: CloudSpec, *, job: str):
+    """The provider's adapter behind ``JoinedProvisioner``, made where it runs (the controller)."""
+    from provisioners.bootstrap.joined import JoinedProvisioner
+
+    if cloud.provider != "aws":
+        raise UserError(
+            f"submit --emulate boots {', '.join(EMULATED)} in this version, not {cloud.provider}",
+            field="provider",
+            fix="write provider: aws, or plan and simulate for this provider",
+        )
+    from provisioners.aws import AwsProvisioner
+
+    emulated = {}
+    if cloud.endpoint_url is not None:
+        # moto has neither the Pricing API nor placement scores: spot prices are the market
+        emulated = {
+            "endpoint_url": cloud.endpoint_url,
+            "ami_ssm_parameter": EMULATED_AMI_PARAMETER,
+            "placement_scores": False,
+            "on_demand_prices": False,
+            "poll_interval_s": 0.5,
+        }
+    inner = AwsProvisioner(regions=cloud.regions, **emulated)
+    return JoinedProvisioner(
+        inner, job=job, link=controller_link(cloud), boot_for=node_boot(cloud, job), lease_s=LEASE_S
+    )
+
+
+def controller_link(cloud: CloudSpec):
+    from provisioners.bootstrap.joined import ControllerLink
+    from provisioners.local.cluster import alive_nodes, preempted_nodes
+    from provisioners.overlay.service import admin_call
+
+    def mint(name: str, ttl_s: float) -> str:
+        return admin_call(cloud.admin_socket, {"op": "mint", "node": name, "ttl_s": ttl_s})["token"]
+
+    return ControllerLink(
+        mint=mint,
+        forget=lambda name: admin_call(cloud.admin_socket, {"op": "remove", "node": name}),
+        joined=lambda: alive_nodes(cloud.ray_address, label=cloud.node_label),
+        preempted=lambda: preempted_nodes(cloud.ray_address, label=cloud.node_label),
+    )
+
+
+def node_boot(cloud: CloudSpec, job: str):
+    from provisioners.bootstrap.script import NodeBoot
+    from provisioners.local.cluster import OBJECT_STORE_BYTES, NodeSpec
+
+    def boot_for(name: str, token: str, request) -> NodeBoot:
+        cloud_name, region, zone = (request.infra.split("/") + [""])[:3]
+        slots = max(1, request.gpus_per_node)  # a worker slot per GPU of the instance type
+        spec = NodeSpec(
+            name=name,
+            cloud=cloud_name,
+            region=region,
+            zone=zone,
+            gpu=request.gpu,
+            gpus=slots,
+            vcpus=slots,
+            gang=request.gang,
+        )
+        folder = f"{cloud.nodes_dir}/{name}"
+        return NodeBoot(
+            job=job,
+            node=name,
+            install=cloud.install,
+            join_token=token,
+            ray_address=cloud.ray_address,
+            node_dir=folder,
+            labels={**spec.labels(), cloud.node_label: name},
+            resources=spec.resources(),
+            num_cpus=slots,
+            num_gpus=0,  # the emulated instances' GPUs are CPU slots standing in for them
+            object_store_bytes=OBJECT_STORE_BYTES,
+            grace_s=cloud.grace_s,
+            notice_source=cloud.provider,
+            shutdown_command=cloud.shutdown_command,
+            log_file=f"{folder}/bootstrap.log",
+            ray_env=dict(cloud.ray_env),
+        )
+
+    return boot_for
+
+
+class EmulatorMarket:
+    """The emulated provider's own decisions, served to the driver's chaos schedule: a spot
+    reclaim with notice, a host failure without, a zone's capacity taken back."""
+
+    def __init__(self, emulator, *, notice_s: float) -> None:
+        self.emulator, self.notice_s = emulator, notice_s
+
+    def preempt_now(self, node_id: str) -> None:
+        self.emulator.interrupt(node_id, notice_s=self.notice_s)
+
+    def lose_now(self, node_id: str) -> None:
+        self.emulator.lose(node_id)
+
+    def preempt_location(self, infra: str, *, outage_s: float) -> list[str]:
+        zone = infra.split("/")[2] if infra.count("/") == 2 else ""
+        return self.emulator.interrupt_zone(zone, notice_s=self.notice_s)
+
+
+def spot_price_book(catalog, provider: str, regions) -> dict[tuple[str, str], float]:
+    """The catalog's published spot price per (region, instance type) of ``provider``: what the
+    emulated API reports (the lowest where the catalog lists several zones)."""
+    book: dict[tuple[str, str], float] = {}
+    for offer in catalog.offers.offers:
+        region = offer.location.region
+        if offer.location.cloud != provider or region not in regions:
+            continue
+        if offer.spot_usd_per_hour is None:
+            continue
+        key = (region, offer.instance_type)
+        book[key] = min(book.get(key, offer.spot_usd_per_hour), offer.spot_usd_per_hour)
+    return book
+
+
+def run_on_emulated_cloud(
+    spec, *, folder: Path, recipe_path: Path, notice_s: float | None, on_step
+):
+    """Make the emulated provider and the controller VM, run the job's driver on the controller,
+    follow it to its end; the final state and plan. Everything made is removed after."""
+    from orchestrator.catalog import default_catalog
+    from orchestrator.driver.local import serve_and_follow
+    from provisioners.local import vms
+
+    recipe = spec.recipe
+    if recipe.provider not in EMULATED:
+        raise UserError(
+            f"submit --emulate boots {', '.join(EMULATED)} in this version, not {recipe.provider}",
+            file=str(recipe_path),
+            field="provider",
+            fix="write provider: aws, or plan and simulate for this provider",
+        )
+    reason = vms.unsupported_reason()
+    if reason is not None:
+        raise UserError(
+            f"the emulated cloud boots each instance as a network namespace VM: {reason}",
+            file=str(recipe_path),
+            fix="run as root on Linux with iproute2, nftables and wireguard-go",
+        )
+    regions = tuple(sorted({loc.split("/")[1] for loc in recipe.constraints.locations}))
+    if not regions:
+        raise UserError(
+            "an emulated cloud needs the recipe's locations to know its regions",
+            file=str(recipe_path),
+            field="constraints.locations",
+            fix=f"list the {recipe.provider} zones to train in, e.g. {recipe.provider}/us-east-1/us-east-1a",
+        )
+    from provisioners.emulated.aws import EmulatedAws
+
+    cluster = vms.NamespaceCluster(
+        job=folder.name, folder=folder / "vms", grace_s=recipe.recovery.controller_grace_s
+    )
+    emulator = None
+    try:
+        address = cluster.address  # the controller VM: overlay join service and Ray head
+        emulator = EmulatedAws(
+            internet=cluster.internet,
+            folder=folder / "instances",
+            regions=regions,
+            vm_env=vms._vm_env(),
+            spot_usd_per_hour=spot_price_book(default_catalog(), recipe.provider, regions),
+        )
+        endpoint = emulator.start()
+        print(
+            f"emulated {recipe.provider}: moto's API at {endpoint} on the job's simulated internet; "
+            "every instance boots as a namespace VM from its user-data",
+            file=sys.stderr,
+        )
+        halt = f"PYTHONPATH={shlex.quote(str(vms.package_root()))} {sys.executable} -m "
+        halt += "provisioners.local.netns halt-self"
+        cloud = CloudSpec(
+            provider=recipe.provider,
+            regions=regions,
+            endpoint_url=endpoint,
+            ray_address=address,
+            admin_socket=str(cluster.admin_socket),
+            install=cluster.install,
+            nodes_dir=str(folder / "nodes"),
+            ray_env=tuple(vms.RAY_ENV.items()),
+            shutdown_command=halt,
+            grace_s=recipe.recovery.controller_grace_s,
+            node_label=vms.NODE_LABEL,
+        )
+        from provisioners.aws import AwsProvisioner
+
+        spec = dataclasses.replace(
+            spec,
+            cloud=cloud,
+            migration_s=MIGRATION_S,
+            launch_timeout_s=AwsProvisioner.launch_timeout_s,
+        )
+        market = EmulatorMarket(emulator, notice_s=notice_s if notice_s is not None else NOTICE_S)
+        return serve_and_follow(
+            market,
+            spec,
+            job=folder.name,
+            address=address,
+            controller=lambda: None,  # the head, in the controller VM
+            on_step=on_step,
+            env=_emulated_credentials(),
+        )
+    finally:
+        if emulator is not None:
+            emulator.close()  # every instance's VM with it: nothing outlives the emulation
+        cluster.shutdown()
+
+
+def _emulated_credentials() -> dict[str, str]:
+    """Keys for the emulated API, made per job (moto accepts any): the driver's SDK chain finds
+    them in its environment, and nothing of the user's own configuration is read."""
+    return {
+        "AWS_ACCESS_KEY_ID": "AKIA" + secrets.token_hex(8).upper(),
+        "AWS_SECRET_ACCESS_KEY": secrets.token_urlsafe(30),
+        "AWS_CONFIG_FILE": "/dev/null",
+        "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
