@@ -34,6 +34,7 @@ class Feature(enum.Enum):
     ZONE_PLACEMENT = "choosing the zone of a node"
     PREEMPTION_NOTICE = "preemption notice before a node dies"
     LAUNCH = "launching nodes"
+    LIST_LABELLED = "listing and terminating VMs by label, whoever launched them (leak sweeps)"
 
 
 class NodeState(enum.Enum):
@@ -179,6 +180,17 @@ class LaunchRequest:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LabelledVm:
+    """A VM found by its labels (tags), whatever process launched it."""
+
+    node_id: str
+    infra: str  # cloud/region/zone
+    instance_type: str
+    state: NodeState
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
 class Node:
     """One VM as the provisioner last saw it."""
 
@@ -307,6 +319,28 @@ class Provisioner(abc.ABC):
     @abc.abstractmethod
     def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
         """Events since the last call; waits up to ``timeout_s`` for the first one."""
+
+    def labelled(self, key: str) -> list[LabelledVm]:
+        """Every VM of this cloud not yet terminated that carries label ``key`` (any value),
+        whoever launched it: what ``status --all`` and ``down`` see (every region the adapter is
+        configured for)."""
+        self.require(Feature.LIST_LABELLED, call="labelled")
+        raise Unsupported(
+            "this adapter lists no VMs by label yet",
+            cloud=self.cloud,
+            call="labelled",
+            fix="list them in the cloud's console by the label (tag) geo-job",
+        )
+
+    def terminate_labelled(self, vms: Sequence[LabelledVm]) -> None:
+        """Terminate VMs ``labelled`` found (ids gone meanwhile are ignored)."""
+        self.require(Feature.LIST_LABELLED, call="terminate_labelled")
+        raise Unsupported(
+            "this adapter terminates no VMs by label yet",
+            cloud=self.cloud,
+            call="terminate_labelled",
+            fix="terminate them in the cloud's console (label geo-job)",
+        )
 
     def close(self) -> None:  # noqa: B027 (optional hook: most adapters hold nothing to stop)
         """Stop background work; nodes stay as they are unless the adapter owns them."""

@@ -37,6 +37,12 @@ def add_jobs(commands: argparse._SubParsersAction, formatter: type) -> None:
         epilog="examples:\n  python -m orchestrator status\n  python -m orchestrator status quickstart --json",
     )
     status.add_argument("job", nargs="?", help="one job (default: all in --jobs-dir)")
+    status.add_argument(
+        "--all",
+        action="store_true",
+        help="the project's VMs on every cloud with credentials, by their geo-job label "
+        "(leaks included), instead of the jobs in --jobs-dir",
+    )
     logs = commands.add_parser(
         "logs",
         help="a job's event log",
@@ -61,6 +67,12 @@ def add_jobs(commands: argparse._SubParsersAction, formatter: type) -> None:
 
 
 def run_status(args: argparse.Namespace, catalog: Catalog) -> int:
+    if args.all:
+        from orchestrator.cli.fleet_cmd import run_fleet_status
+
+        if args.job:
+            raise UserError("status --all lists every job's VMs", fix="drop the JOB or --all")
+        return run_fleet_status(args)
     if args.job:
         states, broken = [_load(_folder(args, args.job))], []
     else:

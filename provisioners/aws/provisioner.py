@@ -34,6 +34,7 @@ from provisioners.aws.sdk import (
     guard_sdk_logs,
     import_boto3,
     pages,
+    tags_of,
 )
 from provisioners.base import (
     BOOTSTRAP_INSTALL_S,
@@ -42,6 +43,7 @@ from provisioners.base import (
     CloudCallError,
     Event,
     Feature,
+    LabelledVm,
     LaunchRequest,
     Node,
     NodeLost,
@@ -63,6 +65,8 @@ DEFAULT_AMI_PARAMETER = (
 GANG_TAG = "geo-orchestrator:gang"
 PRICING_REGION = "us-east-1"  # the Pricing API answers from us-east-1 for every region
 FALLBACK_REGION = "us-east-1"  # where region-less calls go when the session names no region
+# the states of an instance that still runs or bills (stopped EBS volumes do): what a sweep lists
+LISTED_STATES = ["pending", "running", "stopping", "stopped"]
 SPOT_MARKET = {
     "MarketType": "spot",
     "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
@@ -417,6 +421,36 @@ class AwsProvisioner(Provisioner):
     def nodes(self, *, gang: str | None = None) -> list[Node]:
         self._observe()
         return [t.node for t in self._tracked.values() if gang is None or t.node.gang == gang]
+
+    def labelled(self, key: str) -> list[LabelledVm]:
+        found = []
+        for region in self._regions():
+            filters = [
+                {"Name": "tag-key", "Values": [key]},
+                {"Name": "instance-state-name", "Values": LISTED_STATES},
+            ]
+            ec2 = self._client("ec2", region)
+            for reservation in pages(ec2, "describe_instances", "Reservations", Filters=filters):
+                for instance in reservation["Instances"]:
+                    zone = instance.get("Placement", {}).get("AvailabilityZone", "")
+                    state = instance["State"]["Name"]
+                    found.append(
+                        LabelledVm(
+                            node_id=instance["InstanceId"],
+                            infra=f"{CLOUD}/{region}/{zone}",
+                            instance_type=instance.get("InstanceType", ""),
+                            state=NodeState.PENDING if state == "pending" else NodeState.RUNNING,
+                            labels=tags_of(instance),
+                        )
+                    )
+        return found
+
+    def terminate_labelled(self, vms: Sequence[LabelledVm]) -> None:
+        by_region: dict[str, list[str]] = {}
+        for vm in vms:
+            by_region.setdefault(vm.infra.split("/")[1], []).append(vm.node_id)
+        for region, ids in by_region.items():
+            self._terminate_in(region, ids)
 
     def terminate(self, node_ids: Sequence[str]) -> None:
         by_region: dict[str, list[str]] = {}

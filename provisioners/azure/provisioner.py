@@ -96,6 +96,8 @@ class AzureProvisioner(Provisioner):
         Feature.PREEMPTION_NOTICE: "Azure announces an eviction (~30 s ahead) only to the VM "
         "itself through Scheduled Events; the control plane sees only the loss. Run "
         "provisioners.azure.metadata.preemption_notice on the node instead",
+        Feature.LIST_LABELLED: "not built yet: the sweep would list virtualMachines.listAll by "
+        "the geo-job tag; list them in the portal by that tag meanwhile",
     }
 
     def __init__(

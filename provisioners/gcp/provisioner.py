@@ -104,6 +104,9 @@ class GcpProvisioner(Provisioner):
         Feature.PREEMPTION_RATE: "GCP publishes no preemption rate per zone or machine type",
         Feature.PREEMPTION_NOTICE: "GCP's ~30 s preemption notice reaches only the VM's own "
         "metadata server, not the control plane; the loss is seen from zone operations",
+        Feature.LIST_LABELLED: "not built yet: the sweep would list instances.aggregatedList "
+        "filtered on labels.geo-job; `gcloud compute instances list --filter=labels.geo-job:*` "
+        "meanwhile",
     }
 
     def __init__(

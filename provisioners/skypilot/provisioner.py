@@ -120,6 +120,8 @@ class SkyPilotProvisioner(Provisioner):
         "could start now",
         Feature.AVAILABILITY_SCORE: "SkyPilot's catalog has no availability signal",
         Feature.PREEMPTION_RATE: "SkyPilot's catalog has no interruption rates",
+        Feature.LIST_LABELLED: "its VMs live on aws, gcp and azure with the same labels: "
+        "status --all asks those clouds",
     }
 
     def __init__(
