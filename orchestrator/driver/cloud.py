@@ -170,10 +170,11 @@ def spot_price_book(catalog, provider: str, regions) -> dict[tuple[str, str], fl
 
 
 def run_on_emulated_cloud(
-    spec, *, folder: Path, recipe_path: Path, notice_s: float | None, on_step
+    spec, *, folder: Path, recipe_path: Path, notice_s: float | None, on_step, refusals=None
 ):
     """Make the emulated provider and the controller VM, run the job's driver on the controller,
-    follow it to its end; the final state and plan. Everything made is removed after."""
+    follow it to its end; the final state and plan. Everything made is removed after.
+    ``refusals``: zone or region -> the EC2 error code its launches fail with."""
     from orchestrator.catalog import default_catalog
     from orchestrator.driver.local import serve_and_follow
     from provisioners.local import vms
@@ -215,6 +216,7 @@ def run_on_emulated_cloud(
             regions=regions,
             vm_env=vms._vm_env(),
             spot_usd_per_hour=spot_price_book(default_catalog(), recipe.provider, regions),
+            refusals=refusals,
         )
         endpoint = emulator.start()
         print(

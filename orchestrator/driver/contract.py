@@ -42,9 +42,9 @@ def _rebuild_broken(cause: str, message: str, fix: str, step: int | None) -> Job
 class CapacityRefused(Exception):
     """A place could not give the nodes asked for (the provisioner's CapacityError or QuotaError)."""
 
-    def __init__(self, infra: str, message: str) -> None:
+    def __init__(self, infra: str, message: str, *, fix: str = "") -> None:
         super().__init__(message)
-        self.infra = infra
+        self.infra, self.fix = infra, fix
 
 
 @dataclass(frozen=True, kw_only=True)

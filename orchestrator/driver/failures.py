@@ -23,6 +23,8 @@ import errno
 import re
 from dataclasses import dataclass
 
+from orchestrator.driver.contract import JobBroken
+
 # the causes a stopped job names (status, the event log, the summary)
 CAUSES = (
     "checkpoint",  # no readable checkpoint, or a corrupt one where it was needed
@@ -34,6 +36,8 @@ CAUSES = (
     "out_of_memory",  # a worker ran out of memory: the plan's estimate was too low
     "diverged",  # the loss or the gradients went NaN or infinite
     "gave_up",  # the retry budget ran out without progress
+    "capacity",  # every place a plan could use refused the launch (no capacity, no quota)
+    "cloud",  # the cloud refused a call a retry cannot fix (credentials rejected, unsupported)
 )
 
 _ANSI = re.compile(r"\x1b(\[[0-9;?]*[ -/]*[@-~]|\][^\x07\x1b]*(\x07|\x1b\\)|[@-Z\\-_])")
@@ -237,3 +241,24 @@ def _says_full(error: BaseException) -> bool:
 
 def _at(store: str) -> str:
     return f" ({store})" if store else ""
+
+
+def refused_everywhere(refusals: dict[str, tuple[str, str]]) -> JobBroken:
+    """The job cannot start: every place a plan could use refused its launch. One line naming
+    the cloud's call, its answer and the places (``refusals``: place -> (``call: Code: text``,
+    fix)), and what to do (the cloud's own fix, e.g. the quota to ask for, then the recipe's)."""
+    answers: dict[str, list[str]] = {}
+    for infra, (message, _) in sorted(refusals.items()):
+        call, _, rest = message.partition(": ")
+        code = rest.split(":")[0] if ":" in rest else rest
+        answers.setdefault(f"{call} answered {one_line(code, limit=80)}", []).append(infra)
+    said = "; ".join(f"{answer} in {', '.join(places)}" for answer, places in answers.items())
+    fixes = list(dict.fromkeys(fix for _, fix in refusals.values() if fix))
+    fix = "; ".join(
+        [*fixes, "or allow more locations or GPU types (constraints.locations, gpu_types)"]
+    )
+    return JobBroken(
+        "capacity",
+        f"every place a plan could use refused the launch ({len(refusals)}): {said}",
+        fix=fix,
+    )

@@ -56,6 +56,8 @@ class RunOptions:
     # a cloud provider's recipe on its emulation (driver/cloud.py): moto's server for AWS, its
     # instances booted as namespace VMs
     emulate: bool = False
+    # the emulated cloud's refusals: (zone or region, EC2 error code), e.g. no capacity there
+    emulated_refusals: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -163,6 +165,7 @@ def _run_locked(recipe: Recipe, recipe_path: Path, folder: Path, options: RunOpt
             recipe_path=recipe_path,
             notice_s=options.notice_s,
             on_step=options.on_step,
+            refusals=dict(options.emulated_refusals),
         )
     else:
         final, choice = run_on_local_cloud(

@@ -49,7 +49,7 @@ from orchestrator.driver.contract import (  # the machine's vocabulary (importab
     WorkersLost,
 )
 from orchestrator.driver.events import Event, EventLog
-from orchestrator.driver.failures import one_line
+from orchestrator.driver.failures import one_line, refused_everywhere
 from orchestrator.driver.guards import Guards
 from orchestrator.driver.moves import Moves
 from orchestrator.driver.state import JobState, StateStore
@@ -80,6 +80,7 @@ class _Session:
     choice: Choice | None = None
     nodes: dict[str, Request] = field(default_factory=dict)  # node id -> what it was launched as
     excluded: set[str] = field(default_factory=set)
+    refusals: dict[str, tuple[str, str]] = field(default_factory=dict)  # place -> (why, fix)
     lost_at_s: float | None = None  # when the node loss (or the notice) under recovery happened
     pause_event: str = "recovered"  # what the first step after the pause logs: or "switched"
     pauses_s: list[float] = field(default_factory=list)  # measured pauses (recoveries, switches)
@@ -206,6 +207,8 @@ class Driver(Guards, Moves):
             if self.state.step > 0 and self._wait_for_capacity(reason):
                 return Phase.PLAN
             self._log("no_plan", "stop; the job's state and checkpoints are kept", reason)
+            if self.session.refusals:  # the market had room on paper; the cloud said no
+                self._stop_failed(refused_everywhere(self.session.refusals))
             return Phase.FAILED
         self.session.choice = choice
         self._log(
@@ -254,8 +257,12 @@ class Driver(Guards, Moves):
             except CapacityRefused as refused:
                 self.cloud.terminate(list(started))  # all or nothing, across places too
                 self.session.excluded.add(refused.infra)
+                self.session.refusals[refused.infra] = (str(refused), refused.fix)
                 self._log("capacity_refused", "re-plan without that place", str(refused))
                 return Phase.PLAN
+            except WorkersLost as failed:  # the cloud's API failed the call: retry, with backoff
+                self.cloud.terminate(list(started))
+                return self._lost(str(failed))
             started.update(dict.fromkeys(ids, request))
         self._bill()
         self.cloud.terminate(list(spare))
@@ -370,6 +377,7 @@ class Driver(Guards, Moves):
         if not self._another_attempt():
             return Phase.FAILED
         self.session.excluded.clear()
+        self.session.refusals.clear()
         return Phase.PLAN
 
     # -- events and bookkeeping -------------------------------------------------------------------

@@ -40,7 +40,16 @@ from orchestrator.errors import UserError
 from orchestrator.market import convert_offers
 from orchestrator.plan import Plan
 from orchestrator.recipe.schema import Recipe
-from provisioners.base import CapacityError, LaunchRequest, NodeState, Provisioner, QuotaError
+from provisioners.base import (
+    CapacityError,
+    CredentialsMissing,
+    LaunchRequest,
+    NodeState,
+    Provisioner,
+    ProvisionerError,
+    QuotaError,
+    Unsupported,
+)
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +206,17 @@ class ProvisionerCloud:
         try:
             return [node.node_id for node in self.provisioner.launch(launch)]
         except (CapacityError, QuotaError) as error:
-            raise CapacityRefused(request.infra, f"{error.call}: {error.message}") from None
+            raise CapacityRefused(
+                request.infra, f"{error.call}: {error.message}", fix=error.fix
+            ) from None
+        except (CredentialsMissing, Unsupported) as error:  # a retry cannot fix these
+            raise JobBroken(
+                "cloud", f"{error.cloud}: {error.call}: {error.message}", fix=error.fix
+            ) from None
+        except ProvisionerError as error:  # an error page, a timeout, throttling: retry later
+            raise WorkersLost(
+                f"{error.cloud}: {error.call} failed: {error.message} (to fix: {error.fix})"
+            ) from None
 
     def terminate(self, node_ids) -> None:
         if node_ids:

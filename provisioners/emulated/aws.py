@@ -56,14 +56,18 @@ class EmulatedAws:
         regions: tuple[str, ...] = ("us-east-1",),
         vm_env: dict[str, str] | None = None,
         spot_usd_per_hour: Mapping[tuple[str, str], float] | None = None,
+        refusals: Mapping[str, str] | None = None,
     ) -> None:
         """``internet``: the job's simulated internet (made); ``folder``: where each VM's
         user-data and console log go; ``regions``: where instances boot; ``vm_env``: the
         environment a VM's boot starts with; ``spot_usd_per_hour``: the spot price the API
         reports per (region, instance type) (moto's own is $0.00001 for everything; a type
-        missing here keeps it)."""
+        missing here keeps it); ``refusals``: RunInstances in a zone or region named here fails
+        with that EC2 error code (``InsufficientInstanceCapacity``: no capacity there;
+        ``MaxSpotInstanceCountExceeded``, ``VcpuLimitExceeded``: the account's quota)."""
         self.internet, self.folder, self.regions = internet, Path(folder), tuple(regions)
         self.prices = dict(spot_usd_per_hour or {})
+        self.refusals = dict(refusals or {})
         self.vm_env = vm_env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         self._server = None
         self._unpatch = None
@@ -79,7 +83,7 @@ class EmulatedAws:
         from moto.moto_server.threaded_moto_server import ThreadedMotoServer
 
         logging.getLogger("werkzeug").setLevel(logging.WARNING)  # a line per API call
-        self._unpatch = _price_book(self.prices)
+        self._unpatch = _patch_api(self.prices, self.refusals)
         api = self.internet.add_vm(API_VM)
         self._server = ThreadedMotoServer(ip_address=api.public_ip, port=API_PORT, verbose=False)
         netns.in_namespace(api.netns, self._server.start)  # its socket in the api VM
@@ -230,12 +234,35 @@ def _user_data(instance) -> bytes | None:
     return base64.b64decode(text)
 
 
-def _price_book(prices: Mapping[tuple[str, str], float]):
+REFUSALS = {
+    "InsufficientInstanceCapacity": "We currently do not have sufficient {type} capacity in the "
+    "Availability Zone you requested ({zone}). Our system will be working on provisioning "
+    "additional capacity.",
+    "MaxSpotInstanceCountExceeded": "Max spot instance count exceeded",
+    "VcpuLimitExceeded": "You have requested more vCPU capacity than your current vCPU limit of 0 "
+    "allows for the instance bucket that the specified instance type belongs to.",
+}
+
+
+def _patch_api(prices: Mapping[tuple[str, str], float], refusals: Mapping[str, str]):
     """Have moto's DescribeSpotPriceHistory report ``prices`` (per region and instance type)
-    while the emulator runs, in this process (moto's server runs here); returns the undo."""
+    and its RunInstances fail where ``refusals`` say, while the emulator runs, in this process
+    (moto's server runs here); returns the undo."""
+    from moto.ec2.exceptions import EC2ClientError
+    from moto.ec2.responses.instances import InstanceResponse
     from moto.ec2.responses.spot_instances import SpotInstances
 
     original = SpotInstances.describe_spot_price_history
+    original_run = InstanceResponse.run_instances
+
+    def run(response):
+        zone = response._get_param("Placement.AvailabilityZone") or ""
+        code = refusals.get(zone) or refusals.get(response.region)
+        if code:
+            kind = response._get_param("InstanceType")
+            # an EC2 error class: moto serializes an error by the service of its class's module
+            raise EC2ClientError(code, REFUSALS.get(code, code).format(type=kind, zone=zone))
+        return original_run(response)
 
     def describe(response):
         result = original(response)
@@ -247,8 +274,10 @@ def _price_book(prices: Mapping[tuple[str, str], float]):
         return result
 
     SpotInstances.describe_spot_price_history = describe
+    InstanceResponse.run_instances = run
 
     def undo() -> None:
         SpotInstances.describe_spot_price_history = original
+        InstanceResponse.run_instances = original_run
 
     return undo

@@ -77,3 +77,29 @@ def _catalog_spot(region: str, instance_type: str) -> float:
         and o.instance_type == instance_type
         and o.spot_usd_per_hour is not None
     )
+
+
+@pytest.mark.parametrize(
+    ("code", "fix"),
+    [
+        ("InsufficientInstanceCapacity", "try another zone"),
+        ("MaxSpotInstanceCountExceeded", "quota"),
+    ],
+)
+def test_no_capacity_or_quota_anywhere_is_one_line_and_launches_nothing(tmp_path, code, fix):
+    from orchestrator.catalog import default_catalog
+    from orchestrator.driver.job import RunOptions, run_job
+
+    recipe = tmp_path / "emu-aws-job.yaml"
+    recipe.write_text(RECIPE.replace("CHECKPOINTS", str(tmp_path / "checkpoints")))
+    options = RunOptions(
+        jobs_dir=tmp_path / "jobs", emulate=True, emulated_refusals=(("us-east-1", code),)
+    )
+    result = run_job(recipe, default_catalog(), options)
+    failure = result.state.failure
+    assert result.state.phase == "failed" and failure["cause"] == "capacity"
+    assert f"ec2.run_instances answered {code} in aws/us-east-1/us-east-1a" in failure["message"]
+    assert fix in failure["fix"] and "\n" not in failure["message"]
+    booted = result.folder / "instances"
+    assert not booted.exists() or not any(booted.iterdir()), "no instance ever booted"
+    assert [n for n in netns.namespaces() if n.startswith(netns.prefix("emu-aws-job"))] == []

@@ -331,9 +331,32 @@ def test_no_capacity_anywhere_stops_with_a_clear_event_and_keeps_the_state(tmp_p
     cloud = FakeCloud({US: 0, EU: 1})
     state = make_driver(tmp_path, cloud, FakeTrainer(cloud)).run()
     assert state.phase == "failed"
-    last = list(read_events(tmp_path / "job" / "events.jsonl"))[-1]
-    assert last["event"] == "no_plan" and "no feasible plan" in last["reason"]
+    events = list(read_events(tmp_path / "job" / "events.jsonl"))
+    assert [e["event"] for e in events[-2:]] == ["no_plan", "failed"]
+    assert "no feasible plan" in events[-2]["reason"]
+    # the cause named in one line: the places that refused and what the cloud said
+    assert state.failure["cause"] == "capacity"
+    assert US in state.failure["message"] and EU in state.failure["message"]
     assert StateStore(tmp_path / "job").load().state.phase == "failed"
+    assert cloud.alive_nodes == {}  # nothing launched is left
+
+
+def test_a_cloud_api_failure_at_launch_is_retried_within_the_budget(tmp_path):
+    cloud = FakeCloud({US: 2, EU: 2})
+    failures = iter([WorkersLost("aws: ec2.run_instances failed: an error page")])
+    launch = cloud.launch
+
+    def flaky(request, *, gang):
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return launch(request, gang=gang)
+
+    cloud.launch = flaky
+    state = make_driver(tmp_path, cloud, FakeTrainer(cloud)).run()
+    assert state.phase == "done" and state.step == 20
+    kinds = names(tmp_path)
+    assert kinds.index("node_lost") < kinds.index("launched")
 
 
 def test_the_budget_stops_the_job_after_a_checkpoint(tmp_path):

@@ -1,4 +1,7 @@
-"""MarketPlans turns a recipe's deadline into the throughput the rest of the job needs now."""
+"""MarketPlans turns a recipe's deadline into the throughput the rest of the job needs now;
+ProvisionerCloud turns the provider's typed errors into the driver's: capacity and quota into a
+refused place (with the cloud's fix), rejected credentials into a stop, an API failure into a loss
+that the retry budget retries."""
 
 from __future__ import annotations
 
@@ -35,3 +38,67 @@ def test_the_floor_is_what_the_remaining_steps_need_in_the_time_left():
     assert deadline is None and floor == pytest.approx(50 * 8 / 1800)
     late, _ = _floor(lambda: (50, 3600.0 * 2))  # past the deadline: as fast as one minute needs
     assert late == pytest.approx(50 * 8 / 60)
+
+
+class _Failing:
+    """A provisioner whose launch raises ``error``."""
+
+    cloud = "aws"
+
+    def __init__(self, error) -> None:
+        self.error = error
+
+    def launch(self, request):
+        raise self.error
+
+
+def _launch_with(error):
+    from orchestrator.driver.contract import Request
+    from orchestrator.driver.world import ProvisionerCloud
+
+    cloud = ProvisionerCloud(_Failing(error), launch_timeout_s=60.0)
+    request = Request(infra="aws/us-east-1/us-east-1a", gpu="T4", count=1, spot=True,
+                      usd_per_node_hour=0.2, instance_type="g4dn.xlarge")  # fmt: skip
+    cloud.launch(request, gang="g")
+
+
+def test_the_providers_errors_become_the_drivers():
+    from orchestrator.driver.contract import CapacityRefused, JobBroken, WorkersLost
+    from provisioners.base import CloudCallError, CredentialsMissing, QuotaError
+
+    args = {"cloud": "aws", "call": "ec2.run_instances"}
+    with pytest.raises(CapacityRefused) as refused:
+        _launch_with(QuotaError("VcpuLimitExceeded: no", fix="ask for more vCPUs", **args))
+    assert refused.value.infra == "aws/us-east-1/us-east-1a"
+    assert refused.value.fix == "ask for more vCPUs" and "ec2.run_instances" in str(refused.value)
+    with pytest.raises(JobBroken) as broken:
+        _launch_with(CredentialsMissing("AuthFailure: keys rejected", fix="rotate them", **args))
+    assert broken.value.cause == "cloud" and "aws: ec2.run_instances" in broken.value.message
+    with pytest.raises(WorkersLost, match="ec2.run_instances failed: an error page"):
+        _launch_with(CloudCallError("an error page", fix="try later", **args))
+
+
+def test_refused_everywhere_is_one_line_grouped_by_the_clouds_answer():
+    from orchestrator.driver.failures import refused_everywhere
+
+    zone = "aws/us-east-1/us-east-1"
+    broken = refused_everywhere(
+        {
+            zone + "a": (
+                "ec2.run_instances: InsufficientInstanceCapacity: none in a.",
+                "try later",
+            ),
+            zone + "b": (
+                "ec2.run_instances: InsufficientInstanceCapacity: none in b.",
+                "try later",
+            ),
+            "aws/eu-west-1/eu-west-1a": ("ec2.run_instances: VcpuLimitExceeded: 0 vCPUs", "ask"),
+        }
+    )
+    assert broken.cause == "capacity" and "\n" not in broken.message
+    assert (
+        f"ec2.run_instances answered InsufficientInstanceCapacity in {zone}a, {zone}b"
+        in broken.message
+    )
+    assert "VcpuLimitExceeded in aws/eu-west-1/eu-west-1a" in broken.message
+    assert broken.fix.startswith("try later; ask; or allow more locations")
