@@ -21,13 +21,16 @@ from __future__ import annotations
 import dataclasses
 import secrets
 import shlex
+import shutil
 import sys
-from dataclasses import dataclass
+import tempfile
+import zlib
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from orchestrator.errors import UserError
 
-EMULATED = ("aws",)  # providers with an emulation that boots
+EMULATED = ("aws", "gcp")  # providers with an emulation that boots
 # an Amazon Linux image moto knows (the default Deep Learning AMI parameter is not in moto's SSM)
 EMULATED_AMI_PARAMETER = "/aws/service/ami-amazon-linux-latest/amzn2-ami-hvm-x86_64-gp2"
 LEASE_S = 6 * 3600.0  # a VM's expiry tag: a job renews it (docs/provisioners.md, leaks)
@@ -50,17 +53,38 @@ class CloudSpec:
     shutdown_command: str  # what a node runs to power itself off
     grace_s: float  # the watcher's drain time before the node goes
     node_label: str  # the Ray label a node carries its name in
+    api_token: str | None = field(default=None, repr=False)  # an emulated API's bearer token
+    # emulated VMs share this machine's /tmp: each node's Ray files go in a folder of its own here
+    ray_temp_root: str | None = None
+    project: str | None = None  # GCP's
 
 
 def cloud_provisioner(cloud: CloudSpec, *, job: str):
     """The provider's adapter behind ``JoinedProvisioner``, made where it runs (the controller)."""
     from provisioners.bootstrap.joined import JoinedProvisioner
 
-    if cloud.provider != "aws":
+    if cloud.provider not in EMULATED:
         raise UserError(
             f"submit --emulate boots {', '.join(EMULATED)} in this version, not {cloud.provider}",
             field="provider",
-            fix="write provider: aws, or plan and simulate for this provider",
+            fix="write provider: aws or gcp, or plan and simulate for this provider",
+        )
+    inner = _adapter(cloud)
+    return JoinedProvisioner(
+        inner, job=job, link=controller_link(cloud), boot_for=node_boot(cloud, job), lease_s=LEASE_S
+    )
+
+
+def _adapter(cloud: CloudSpec):
+    """The provider's adapter, at the emulated API when there is one."""
+    if cloud.provider == "gcp":
+        from provisioners.gcp import GcpProvisioner
+
+        if cloud.endpoint_url is None:
+            return GcpProvisioner(project=cloud.project, regions=cloud.regions)
+        assert cloud.api_token is not None and cloud.project is not None
+        return GcpProvisioner.at_endpoint(
+            cloud.endpoint_url, token=cloud.api_token, project=cloud.project, regions=cloud.regions
         )
     from provisioners.aws import AwsProvisioner
 
@@ -74,10 +98,7 @@ def cloud_provisioner(cloud: CloudSpec, *, job: str):
             "on_demand_prices": False,
             "poll_interval_s": 0.5,
         }
-    inner = AwsProvisioner(regions=cloud.regions, **emulated)
-    return JoinedProvisioner(
-        inner, job=job, link=controller_link(cloud), boot_for=node_boot(cloud, job), lease_s=LEASE_S
-    )
+    return AwsProvisioner(regions=cloud.regions, **emulated)
 
 
 def controller_link(cloud: CloudSpec):
@@ -131,6 +152,11 @@ def node_boot(cloud: CloudSpec, job: str):
             shutdown_command=cloud.shutdown_command,
             log_file=f"{folder}/bootstrap.log",
             ray_env=dict(cloud.ray_env),
+            **(
+                {"ray_temp_dir": f"{cloud.ray_temp_root}/{zlib.crc32(name.encode()):08x}"}
+                if cloud.ray_temp_root
+                else {}
+            ),
         )
 
     return boot_for
@@ -175,7 +201,6 @@ def run_on_emulated_cloud(
     """Make the emulated provider and the controller VM, run the job's driver on the controller,
     follow it to its end; the final state and plan. Everything made is removed after.
     ``refusals``: zone or region -> the EC2 error code its launches fail with."""
-    from orchestrator.catalog import default_catalog
     from orchestrator.driver.local import serve_and_follow
     from provisioners.local import vms
 
@@ -185,7 +210,7 @@ def run_on_emulated_cloud(
             f"submit --emulate boots {', '.join(EMULATED)} in this version, not {recipe.provider}",
             file=str(recipe_path),
             field="provider",
-            fix="write provider: aws, or plan and simulate for this provider",
+            fix="write provider: aws or gcp, or plan and simulate for this provider",
         )
     reason = vms.unsupported_reason()
     if reason is not None:
@@ -202,26 +227,18 @@ def run_on_emulated_cloud(
             field="constraints.locations",
             fix=f"list the {recipe.provider} zones to train in, e.g. {recipe.provider}/us-east-1/us-east-1a",
         )
-    from provisioners.emulated.aws import EmulatedAws
-
     cluster = vms.NamespaceCluster(
         job=folder.name, folder=folder / "vms", grace_s=recipe.recovery.controller_grace_s
     )
     emulator = None
+    ray_temp_root = tempfile.mkdtemp(prefix="geo-ray-")  # short: Ray's socket paths live under it
     try:
         address = cluster.address  # the controller VM: overlay join service and Ray head
-        emulator = EmulatedAws(
-            internet=cluster.internet,
-            folder=folder / "instances",
-            regions=regions,
-            vm_env=vms._vm_env(),
-            spot_usd_per_hour=spot_price_book(default_catalog(), recipe.provider, regions),
-            refusals=refusals,
-        )
+        emulator = _emulator(recipe.provider, cluster, folder, regions, refusals)
         endpoint = emulator.start()
         print(
-            f"emulated {recipe.provider}: moto's API at {endpoint} on the job's simulated internet; "
-            "every instance boots as a namespace VM from its user-data",
+            f"emulated {recipe.provider}: its API at {endpoint} on the job's simulated internet; "
+            "every instance boots as a namespace VM from its boot script",
             file=sys.stderr,
         )
         halt = f"PYTHONPATH={shlex.quote(str(vms.package_root()))} {sys.executable} -m "
@@ -238,14 +255,17 @@ def run_on_emulated_cloud(
             shutdown_command=halt,
             grace_s=recipe.recovery.controller_grace_s,
             node_label=vms.NODE_LABEL,
+            api_token=getattr(emulator, "token", None),
+            project=getattr(emulator, "project", None),
+            ray_temp_root=ray_temp_root,
         )
-        from provisioners.aws import AwsProvisioner
+        from provisioners.registry import provisioner_class
 
         spec = dataclasses.replace(
             spec,
             cloud=cloud,
             migration_s=MIGRATION_S,
-            launch_timeout_s=AwsProvisioner.launch_timeout_s,
+            launch_timeout_s=provisioner_class(recipe.provider).launch_timeout_s,
         )
         market = EmulatorMarket(emulator, notice_s=notice_s if notice_s is not None else NOTICE_S)
         return serve_and_follow(
@@ -255,12 +275,29 @@ def run_on_emulated_cloud(
             address=address,
             controller=lambda: None,  # the head, in the controller VM
             on_step=on_step,
-            env=_emulated_credentials(),
+            env=_emulated_credentials() if recipe.provider == "aws" else None,
         )
     finally:
         if emulator is not None:
             emulator.close()  # every instance's VM with it: nothing outlives the emulation
         cluster.shutdown()
+        shutil.rmtree(ray_temp_root, ignore_errors=True)
+
+
+def _emulator(provider: str, cluster, folder: Path, regions, refusals):
+    """The provider's emulation on the job's simulated internet (not started yet)."""
+    from orchestrator.catalog import default_catalog
+    from provisioners.local import vms
+
+    common = {"internet": cluster.internet, "folder": folder / "instances", "vm_env": vms._vm_env()}
+    if provider == "gcp":
+        from provisioners.emulated.gcp import EmulatedGcp
+
+        return EmulatedGcp(**common, refusals=refusals)  # its Billing SKUs are its prices
+    from provisioners.emulated.aws import EmulatedAws
+
+    book = spot_price_book(default_catalog(), provider, regions)
+    return EmulatedAws(**common, regions=regions, spot_usd_per_hour=book, refusals=refusals)
 
 
 def _emulated_credentials() -> dict[str, str]:

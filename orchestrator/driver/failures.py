@@ -243,6 +243,11 @@ def _at(store: str) -> str:
     return f" ({store})" if store else ""
 
 
+# a cloud's error code in its message: EC2's and Azure's CamelCase (InsufficientInstanceCapacity,
+# SkuNotAvailable), GCE's UPPER_SNAKE (ZONE_RESOURCE_POOL_EXHAUSTED)
+_ERROR_CODE = re.compile(r"\b(?:[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]+)+|[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)\b")
+
+
 def refused_everywhere(refusals: dict[str, tuple[str, str]]) -> JobBroken:
     """The job cannot start: every place a plan could use refused its launch. One line naming
     the cloud's call, its answer and the places (``refusals``: place -> (``call: Code: text``,
@@ -250,8 +255,9 @@ def refused_everywhere(refusals: dict[str, tuple[str, str]]) -> JobBroken:
     answers: dict[str, list[str]] = {}
     for infra, (message, _) in sorted(refusals.items()):
         call, _, rest = message.partition(": ")
-        code = rest.split(":")[0] if ":" in rest else rest
-        answers.setdefault(f"{call} answered {one_line(code, limit=80)}", []).append(infra)
+        code = _ERROR_CODE.search(rest)
+        said = code.group(0) if code else one_line(rest, limit=80)
+        answers.setdefault(f"{call} answered {said}", []).append(infra)
     said = "; ".join(f"{answer} in {', '.join(places)}" for answer, places in answers.items())
     fixes = list(dict.fromkeys(fix for _, fix in refusals.values() if fix))
     fix = "; ".join(

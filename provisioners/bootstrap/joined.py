@@ -34,6 +34,7 @@ from provisioners.base import (
     Feature,
     LaunchRequest,
     Node,
+    NodeState,
     Offer,
     PreemptionNotice,
     Provisioner,
@@ -115,18 +116,42 @@ class JoinedProvisioner(Provisioner):
         for node, name in zip(nodes, names, strict=True):  # node i ran script i
             self._names[node.node_id] = name
         try:
-            self._wait_joined(request, names, deadline_s=time.monotonic() + request.timeout_s)
+            self._wait_joined(
+                request,
+                dict(zip(names, nodes, strict=True)),
+                deadline_s=time.monotonic() + request.timeout_s,
+            )
         except BaseException:
             self.terminate([n.node_id for n in nodes])
             raise
         return nodes
 
-    def _wait_joined(self, request: LaunchRequest, names: list[str], *, deadline_s: float) -> None:
-        """Until every name is a live Ray node; a cloud call error naming the missing ones."""
+    def _wait_joined(
+        self, request: LaunchRequest, nodes: dict[str, Node], *, deadline_s: float
+    ) -> None:
+        """Until every node (by name) is a live Ray node; a cloud call error naming the missing
+        ones at the deadline, or at once when one of them stopped (its bootstrap failed and
+        powered it off, or the cloud took it): waiting longer cannot help."""
+        names = list(nodes)
         while True:
             missing = set(names) - set(self.link.joined().values())
             if not missing:
                 return
+            states = {n.node_id: n.state for n in self.inner.nodes(gang=request.gang)}
+            ended = sorted(
+                name
+                for name in missing
+                if states.get(nodes[name].node_id) in (NodeState.LOST, NodeState.TERMINATED)
+            )
+            if ended:
+                raise CloudCallError(
+                    f"{len(ended)} of {len(names)} nodes of {request.gang} in {request.infra} "
+                    f"stopped before they joined the job's cluster: {', '.join(ended)}",
+                    cloud=self.cloud,
+                    call="launch (node bootstrap)",
+                    fix="read the node's boot log (the cloud console's serial output shows its "
+                    "last lines after GEO-BOOTSTRAP-FAILED); the launch is retried",
+                )
             left_s = deadline_s - time.monotonic()
             if left_s <= 0 or self._stop.is_set():
                 raise CloudCallError(

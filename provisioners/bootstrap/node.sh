@@ -76,7 +76,8 @@ say "ray start --address=$RAY_ADDRESS as $overlay_ip"
 # (as a module: a venv made without pip has no console scripts)
 "$VENV/bin/python" -m ray.scripts.scripts start --address="$RAY_ADDRESS" --node-ip-address="$overlay_ip" \
   --num-cpus="$NUM_CPUS" --num-gpus="$NUM_GPUS" --resources="$RESOURCES_JSON" \
-  --labels="$LABELS" --object-store-memory="$OBJECT_STORE_BYTES" --disable-usage-stats
+  --labels="$LABELS" --object-store-memory="$OBJECT_STORE_BYTES" --disable-usage-stats \
+  --temp-dir="$RAY_TEMP_DIR"
 
 step=watch
 say "ready; watching (controller grace ${GRACE_S} s, notices from $NOTICE_SOURCE)"

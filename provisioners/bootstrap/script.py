@@ -91,6 +91,10 @@ class NodeBoot:
     console: str = ""  # a second copy of the log (a VM's serial console), if any
     ray_env: dict[str, str] = field(default_factory=dict)
     join_timeout_s: float = 60.0
+    # Ray's session files and sockets (short: a Unix socket path holds at most 107 bytes). A VM's
+    # own /tmp/ray by default; nodes that share a filesystem (emulated VMs) need one each, or two
+    # starting at once clash over the same session folder
+    ray_temp_dir: str = "/tmp/ray"
 
 
 def body() -> str:
@@ -131,6 +135,7 @@ def render(boot: NodeBoot) -> str:
         "RESOURCES_JSON": json.dumps(boot.resources, sort_keys=True),
         "LABELS": ",".join(f"{k}={v}" for k, v in sorted(boot.labels.items())),
         "OBJECT_STORE_BYTES": str(boot.object_store_bytes),
+        "RAY_TEMP_DIR": boot.ray_temp_dir,
         "GRACE_S": f"{boot.grace_s:g}",
         "NOTICE_SOURCE": boot.notice_source,
         "SHUTDOWN_COMMAND": boot.shutdown_command,

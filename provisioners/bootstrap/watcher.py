@@ -72,9 +72,10 @@ def aws_notice() -> Notice | None:
 
 
 def gcp_notice() -> Notice | None:
-    """GCE's ``preempted`` flag: TRUE once the 30 s notice has begun."""
+    """GCE's ``preempted`` flag: TRUE once the 30 s notice has begun (the metadata server's
+    address rather than metadata.google.internal: no name to resolve, as GCE documents both)."""
     status, text = _get(
-        "http://metadata.google.internal/computeMetadata/v1/instance/preempted",
+        "http://169.254.169.254/computeMetadata/v1/instance/preempted",
         {"Metadata-Flavor": "Google"},
     )
     if status == 200 and text.strip() == b"TRUE":

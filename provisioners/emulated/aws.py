@@ -20,14 +20,10 @@ from __future__ import annotations
 
 import base64
 import logging
-import os
-import subprocess
-import threading
-import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
+from provisioners.emulated.booter import EmulatedCloud, Seen
 from provisioners.emulated.imds import InstanceMetadata, MetadataService
 from provisioners.local import netns
 
@@ -35,19 +31,12 @@ log = logging.getLogger(__name__)
 
 API_VM = "aws-api"
 API_PORT = 5000
-LOOK_S = 0.25  # how often the booter looks at moto's instances
 ACCOUNT_ID = "123456789012"  # moto's default account
 
 
-@dataclass
-class _Booted:
-    vm: netns.Vm
-    metadata: MetadataService
-    process: subprocess.Popen | None
-    reclaim_at_s: float | None = None
+class EmulatedAws(EmulatedCloud):
+    name = "aws"
 
-
-class EmulatedAws:
     def __init__(
         self,
         *,
@@ -65,17 +54,12 @@ class EmulatedAws:
         missing here keeps it); ``refusals``: RunInstances in a zone or region named here fails
         with that EC2 error code (``InsufficientInstanceCapacity``: no capacity there;
         ``MaxSpotInstanceCountExceeded``, ``VcpuLimitExceeded``: the account's quota)."""
-        self.internet, self.folder, self.regions = internet, Path(folder), tuple(regions)
+        super().__init__(internet=internet, folder=folder, vm_env=vm_env)
+        self.regions = tuple(regions)
         self.prices = dict(spot_usd_per_hour or {})
         self.refusals = dict(refusals or {})
-        self.vm_env = vm_env or {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
         self._server = None
         self._unpatch = None
-        self._booted: dict[str, _Booted] = {}
-        self._done: set[str] = set()  # instances whose VM came and went
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
         self.endpoint_url = ""
 
     def start(self) -> str:
@@ -88,132 +72,52 @@ class EmulatedAws:
         self._server = ThreadedMotoServer(ip_address=api.public_ip, port=API_PORT, verbose=False)
         netns.in_namespace(api.netns, self._server.start)  # its socket in the api VM
         self.endpoint_url = f"http://{api.public_ip}:{API_PORT}"
-        self._thread = threading.Thread(target=self._boot_loop, name="aws-booter", daemon=True)
-        self._thread.start()
+        self.booter.start()
         return self.endpoint_url
 
-    def _instances(self) -> list:
+    def _instances(self) -> dict[str, object]:
         from moto.ec2.models import ec2_backends
 
-        return [
-            i
+        return {
+            i.id: i
             for region in self.regions
             for r in ec2_backends[ACCOUNT_ID][region].all_reservations()
             for i in r.instances
+        }
+
+    def _seen(self) -> list[Seen]:
+        return [
+            Seen(
+                instance_id=i.id,
+                zone=i.placement.zone or "",
+                running=i.state in ("pending", "running"),
+                script=_user_data(i),
+                launch_index=int(getattr(i, "ami_launch_index", 0)),
+            )
+            for i in self._instances().values()
         ]
 
-    def _boot_loop(self) -> None:
-        while not self._stop.wait(LOOK_S):
-            try:
-                self._look()
-            except (OSError, netns.NetnsError) as error:  # one bad look: log it, look again
-                log.warning("emulated aws: %s", error)
-
-    def _look(self) -> None:
-        alive = set(netns.namespaces())
-        now_s = time.time()
-        with self._lock:
-            for instance in self._instances():
-                booted = self._booted.get(instance.id)
-                state = instance.state
-                if booted is None and state in ("pending", "running"):
-                    if instance.id not in self._done:
-                        self._boot(instance)
-                elif booted is not None and state not in ("pending", "running"):
-                    self._remove(instance.id)  # terminated through the API
-                elif booted is not None and booted.vm.netns not in alive:
-                    self._remove(instance.id)  # it shut itself down
-                    self._end(
-                        instance,
-                        "Client.InstanceInitiatedShutdown",
-                        "Client.InstanceInitiatedShutdown: Instance initiated shutdown",
-                    )
-                elif booted is not None and booted.reclaim_at_s and now_s >= booted.reclaim_at_s:
-                    self._remove(instance.id)
-                    self._end(
-                        instance,
-                        "Server.SpotInstanceTermination",
-                        "Server.SpotInstanceTermination: Spot instance termination",
-                    )
-
-    def _boot(self, instance) -> None:
-        vm = self.internet.add_vm(instance.id)
-        folder = self.folder / instance.id
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        metadata = MetadataService(
+    @staticmethod
+    def _metadata(vm: netns.Vm, seen: Seen) -> MetadataService:
+        return MetadataService(
             vm,
             InstanceMetadata(
-                instance_id=instance.id,
-                launch_index=int(getattr(instance, "ami_launch_index", 0)),
-                zone=instance.placement.zone or "",
+                instance_id=seen.instance_id, launch_index=seen.launch_index, zone=seen.zone
             ),
         )
-        script = _user_data(instance)
-        process = None
-        if script is not None:
-            path = folder / "user-data"
-            path.write_bytes(script)
-            path.chmod(0o700)
-            process = self.internet.popen(
-                vm, ["bash", str(path)], log_file=folder / "console.log", env=self.vm_env
-            )
-        self._booted[instance.id] = _Booted(vm, metadata, process)
-        log.info("emulated aws: %s booted as %s", instance.id, vm.netns)
 
-    def _remove(self, instance_id: str) -> None:
-        booted = self._booted.pop(instance_id)
-        self._done.add(instance_id)
-        booted.metadata.close()
-        self.internet.kill_vm(booted.vm.name)
-
-    @staticmethod
-    def _end(instance, code: str, message: str) -> None:
+    def _ended(self, instance_id: str, why: str) -> None:
+        """The instance's VM is gone: EC2 terminates it with the reason it gives."""
         from moto.ec2.models.instances import StateReason
 
+        code = ENDINGS[why]
+        instance = self._instances()[instance_id]
         instance.terminate()
-        instance.state_reason = StateReason(message, code)
-
-    def interrupt(self, instance_id: str, *, notice_s: float) -> None:
-        """Reclaim a spot instance: the notice on its metadata now, the end in ``notice_s``."""
-        with self._lock:
-            booted = self._booted[instance_id]
-            booted.reclaim_at_s = time.time() + notice_s
-            booted.metadata.metadata.notice_at_s = booted.reclaim_at_s
-
-    def interrupt_zone(self, zone: str, *, notice_s: float) -> list[str]:
-        """Reclaim every running instance in ``zone`` (a zone's spot capacity taken back)."""
-        with self._lock:
-            taken = [
-                i.id for i in self._instances() if i.id in self._booted and i.placement.zone == zone
-            ]
-        for instance_id in taken:
-            self.interrupt(instance_id, notice_s=notice_s)
-        return taken
-
-    def lose(self, instance_id: str) -> None:
-        """The instance's host fails: its VM vanishes now, with no notice."""
-        with self._lock:
-            self._booted[instance_id].reclaim_at_s = time.time()
-
-    def vm_of(self, instance_id: str) -> netns.Vm | None:
-        booted = self._booted.get(instance_id)
-        return None if booted is None else booted.vm
-
-    def console(self, instance_id: str) -> str:
-        """What the instance printed (EC2's get-console-output)."""
-        try:
-            return (self.folder / instance_id / "console.log").read_text(errors="replace")
-        except OSError:
-            return ""
+        instance.state_reason = StateReason(f"{code}: {code.split('.')[1]}", code)
 
     def close(self) -> None:
         """Stop booting, remove every VM, stop the API."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
-        with self._lock:
-            for instance_id in list(self._booted):
-                self._remove(instance_id)
+        self.booter.close()
         if self._server is not None:
             self._server.stop()
             self._server = None
@@ -221,6 +125,14 @@ class EmulatedAws:
             self._unpatch()
             self._unpatch = None
         self.internet.kill_vm(API_VM)
+
+
+# how EC2 says an instance whose VM went ended (its state reason)
+ENDINGS = {
+    "shutdown": "Client.InstanceInitiatedShutdown",
+    "reclaimed": "Server.SpotInstanceTermination",
+    "lost": "Server.InternalError",
+}
 
 
 def _user_data(instance) -> bytes | None:
@@ -234,6 +146,10 @@ def _user_data(instance) -> bytes | None:
     return base64.b64decode(text)
 
 
+REFUSAL_KINDS = {  # the emulators' common words for a refusal
+    "capacity": "InsufficientInstanceCapacity",
+    "quota": "MaxSpotInstanceCountExceeded",
+}
 REFUSALS = {
     "InsufficientInstanceCapacity": "We currently do not have sufficient {type} capacity in the "
     "Availability Zone you requested ({zone}). Our system will be working on provisioning "
@@ -258,6 +174,7 @@ def _patch_api(prices: Mapping[tuple[str, str], float], refusals: Mapping[str, s
     def run(response):
         zone = response._get_param("Placement.AvailabilityZone") or ""
         code = refusals.get(zone) or refusals.get(response.region)
+        code = REFUSAL_KINDS.get(code, code)
         if code:
             kind = response._get_param("InstanceType")
             # an EC2 error class: moto serializes an error by the service of its class's module

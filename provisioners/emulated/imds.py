@@ -1,10 +1,15 @@
-"""EC2's instance metadata service (IMDSv2) for one emulated VM, served inside the VM's network.
+"""A cloud's instance metadata service for one emulated VM, served inside the VM's network.
 
-The VM's loopback gets 169.254.169.254, as every EC2 instance reaches it, and a small HTTP server
-bound there in the VM's namespace answers what a node asks of it: a session token (``PUT
-/latest/api/token``), then, with that token only, ``instance-id``, ``ami-launch-index``,
-``placement/availability-zone`` and ``spot/instance-action`` (404 until a notice is given, then
-``{"action": "terminate", "time": ...}``, as EC2 does two minutes before a spot reclaim).
+The VM's loopback gets 169.254.169.254, as every EC2 and GCE instance reaches it, and a small HTTP
+server bound there in the VM's namespace answers what a node asks of it.
+
+- EC2 (IMDSv2, ``InstanceMetadata``): a session token (``PUT /latest/api/token``), then, with that
+  token only, ``instance-id``, ``ami-launch-index``, ``placement/availability-zone`` and
+  ``spot/instance-action`` (404 until a notice is given, then ``{"action": "terminate", "time":
+  ...}``, as EC2 does two minutes before a spot reclaim).
+- GCE (``GceMetadata``): only with ``Metadata-Flavor: Google`` (403 without, as GCE answers),
+  ``/computeMetadata/v1/instance/`` ``id``, ``name``, ``zone`` and ``preempted`` (``FALSE``, then
+  ``TRUE`` from the preemption notice on, about 30 s before the VM stops).
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ class InstanceMetadata:
     notice_at_s: float | None = None  # the reclaim time once a notice is given (Unix s)
     tokens: set[str] = field(default_factory=set)
 
+    def notice(self, at_s: float) -> None:
+        """A spot reclaim at ``at_s``: ``spot/instance-action`` answers from now on."""
+        self.notice_at_s = at_s
+
     def answer(self, path: str) -> str | None:
         base = "/latest/meta-data/"
         if not path.startswith(base):
@@ -48,8 +57,26 @@ class InstanceMetadata:
         }.get(key)
 
 
+class _Quiet(http.server.BaseHTTPRequestHandler):
+    """Replies with a text body and logs nothing."""
+
+    extra_headers: dict[str, str] = {}
+
+    def _reply(self, status: int, body: str) -> None:
+        data = body.encode()
+        self.send_response(status)
+        for name, value in self.extra_headers.items():
+            self.send_header(name, value)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base's name)
+        return None
+
+
 def _handler(metadata: InstanceMetadata) -> type[http.server.BaseHTTPRequestHandler]:
-    class Handler(http.server.BaseHTTPRequestHandler):
+    class Handler(_Quiet):
         def do_PUT(self) -> None:  # noqa: N802 (http.server's naming)
             if self.path != "/latest/api/token" or not self.headers.get(TTL_HEADER):
                 self._reply(400, "")
@@ -65,15 +92,43 @@ def _handler(metadata: InstanceMetadata) -> type[http.server.BaseHTTPRequestHand
             text = metadata.answer(self.path)
             self._reply(404 if text is None else 200, text or "")
 
-        def _reply(self, status: int, body: str) -> None:
-            data = body.encode()
-            self.send_response(status)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
+    return Handler
 
-        def log_message(self, format: str, *args) -> None:  # noqa: A002 (the base's name)
+
+@dataclass
+class GceMetadata:
+    instance_id: str
+    name: str
+    zone: str
+    project_number: str = "123456789012"
+    preempted: bool = False
+
+    def notice(self, at_s: float) -> None:
+        """A preemption: ``instance/preempted`` reads TRUE from now on."""
+        self.preempted = True
+
+    def answer(self, path: str) -> str | None:
+        base = "/computeMetadata/v1/instance/"
+        if not path.startswith(base):
             return None
+        return {
+            "id": self.instance_id,
+            "name": self.name,
+            "zone": f"projects/{self.project_number}/zones/{self.zone}",
+            "preempted": "TRUE" if self.preempted else "FALSE",
+        }.get(path[len(base) :])
+
+
+def _gce_handler(metadata: GceMetadata) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(_Quiet):
+        extra_headers = {"Metadata-Flavor": "Google"}
+
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            if self.headers.get("Metadata-Flavor") != "Google":
+                self._reply(403, "Missing Metadata-Flavor:Google header.")
+                return
+            text = metadata.answer(self.path)
+            self._reply(404 if text is None else 200, text or "")
 
     return Handler
 
@@ -81,10 +136,12 @@ def _handler(metadata: InstanceMetadata) -> type[http.server.BaseHTTPRequestHand
 class MetadataService:
     """The metadata server of one VM; ``close`` stops it (removing the VM removes the address)."""
 
-    def __init__(self, vm: netns.Vm, metadata: InstanceMetadata) -> None:
+    def __init__(self, vm: netns.Vm, metadata: InstanceMetadata | GceMetadata) -> None:
         self.metadata = metadata
         netns.run_in(vm, ["ip", "address", "add", f"{ADDRESS}/32", "dev", "lo"])
-        handler = _handler(metadata)
+        handler = (
+            _gce_handler(metadata) if isinstance(metadata, GceMetadata) else _handler(metadata)
+        )
         # the listening socket is made inside the VM's network; it serves from any thread
         self._server = netns.in_namespace(
             vm.netns, lambda: http.server.ThreadingHTTPServer((ADDRESS, 80), handler)
@@ -93,6 +150,9 @@ class MetadataService:
             target=self._server.serve_forever, name=f"imds-{vm.name}", daemon=True
         )
         self._thread.start()
+
+    def notice(self, at_s: float) -> None:
+        self.metadata.notice(at_s)
 
     def close(self) -> None:
         self._server.shutdown()

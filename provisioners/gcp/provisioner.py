@@ -156,6 +156,29 @@ class GcpProvisioner(Provisioner):
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
+    @classmethod
+    def at_endpoint(
+        cls,
+        endpoint: str,
+        *,
+        token: str,
+        project: str,
+        regions: Collection[str] = (),
+        poll_interval_s: float = 0.5,
+    ) -> GcpProvisioner:
+        """An adapter for the Compute and Billing APIs at ``endpoint`` (an emulation,
+        provisioners/emulated/gcp.py) that sends a fixed bearer ``token``."""
+        from google.oauth2.credentials import Credentials
+
+        return cls(
+            project=project,
+            regions=regions,
+            credentials=Credentials(token=token),
+            client_options={"api_endpoint": endpoint},
+            billing_endpoint=endpoint,
+            poll_interval_s=poll_interval_s,
+        )
+
     def check_credentials(self) -> None:
         self._api.credentials_and_project()
 

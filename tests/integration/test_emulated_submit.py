@@ -1,8 +1,10 @@
-"""``submit --emulate`` of an AWS recipe: the driver on the controller VM calls the emulated EC2
-itself (moto's server on the job's simulated internet, through the real boto3 client), every
-instance boots its user-data as a namespace VM and joins over WireGuard, a spot reclaim is heard by
-the node's own watcher from its instance metadata and becomes the driver's preemption notice, the
-job recovers and finishes, its spend is priced at the provider's spot price, and nothing is left.
+"""``submit --emulate`` of an AWS and a GCP recipe: the driver on the controller VM calls the
+emulated API itself (moto's EC2 through the real boto3 client; the Compute API fake through the
+real google-cloud-compute client) on the job's simulated internet, every instance boots its
+user-data / startup-script as a namespace VM and joins over WireGuard, a spot reclaim is heard by
+the node's own watcher from its metadata server (IMDSv2, GCE's ``preempted``) and becomes the
+driver's preemption notice, the job recovers and finishes, its spend is priced at the provider's
+prices, and nothing is left. With no capacity or quota anywhere: one line, nothing launched.
 Needs root, iproute2, nftables, wireguard-go and moto's server; skipped elsewhere."""
 
 from __future__ import annotations
@@ -20,50 +22,68 @@ pytestmark = [
 ]
 
 RECIPE = """\
-name: emu-aws-job
-provider: aws
+name: emu-PROVIDER-job
+provider: PROVIDER
 model: {name: gpt-tiny, profile: analytic}
 training:
-  {global_batch_size: 8, microbatch_sizes: [2, 4], steps: 30, precision: fp32, seed: 0,
+  {global_batch_size: 8, microbatch_sizes: [2, 4], steps: 150, precision: fp32, seed: 0,
    optimizer: {name: adamw, lr: 1.0e-3, weight_decay: 0.01, grad_clip_norm: null}}
 objective: {goal: max_throughput}
 constraints:
-  {locations: [aws/us-east-1], gpu_types: [T4], max_gpus: 2, min_locations: 2, pricing: spot}
-checkpointing: {every_steps: 5, path: CHECKPOINTS, keep_last: 2}
+  {locations: [REGION], gpu_types: [T4], max_gpus: 2, min_locations: 2, pricing: spot}
+checkpointing: {every_steps: 10, path: CHECKPOINTS, keep_last: 2}
 runtime: {allreduce: hierarchical, link_emulation: false}
 """
 
 
-def test_an_aws_job_trains_on_the_emulated_cloud_through_a_reclaim(tmp_path, monkeypatch):
+REGIONS = {"aws": "aws/us-east-1", "gcp": "gcp/us-central1"}
+# the emulated Compute API's prices (its Billing SKUs, gcp_api.py): n1-standard-8 + 1 T4, spot
+GCP_SPOT = {"n1-standard-8": 8 * 0.0066 + 30 * 0.0009 + 0.14}
+
+
+def _recipe(tmp_path, provider: str):
+    recipe = tmp_path / f"emu-{provider}-job.yaml"
+    text = RECIPE.replace("CHECKPOINTS", str(tmp_path / "checkpoints"))
+    recipe.write_text(text.replace("PROVIDER", provider).replace("REGION", REGIONS[provider]))
+    return recipe
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp"])
+def test_a_job_trains_on_the_emulated_cloud_through_a_reclaim(tmp_path, monkeypatch, provider):
     from orchestrator.catalog import default_catalog
     from orchestrator.driver.job import RunOptions, run_job
 
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)  # the emulation brings its own keys
-    recipe = tmp_path / "emu-aws-job.yaml"
-    recipe.write_text(RECIPE.replace("CHECKPOINTS", str(tmp_path / "checkpoints")))
+    recipe = _recipe(tmp_path, provider)
     options = RunOptions(jobs_dir=tmp_path / "jobs", emulate=True, preempt_at=(8,), notice_s=8.0)
     result = run_job(recipe, default_catalog(), options)
 
-    assert result.state.phase == "done" and result.state.step == 30
+    assert result.state.phase == "done" and result.state.step == 150
     events = [json.loads(line) for line in (result.folder / "events.jsonl").open()]
     kinds = [e["event"] for e in events]
     chaos = next(e for e in events if e["event"] == "chaos")
     notice = next(e for e in events if e["event"] == "preemption_notice")
-    # the reclaimed instance's notice came from its own watcher (IMDS -> drain -> notice)
+    # the reclaimed instance's notice came from its own watcher (metadata -> drain -> notice)
     assert notice["reason"].startswith(f"node {chaos['details']['node']} ")
-    assert chaos["details"]["node"].startswith("i-")  # an EC2 instance id
+    if provider == "aws":
+        assert chaos["details"]["node"].startswith("i-")  # an EC2 instance id
     assert kinds.index("chaos") < kinds.index("preemption_notice") < kinds.index("recovered")
     assert "node_lost" not in kinds or kinds.index("node_lost") > kinds.index("preemption_notice")
     # priced at the emulated API's spot price: the catalog's published one for its type
     assert result.choice is not None
     for request in result.choice.requests:
         region = request.infra.split("/")[1]
-        assert request.usd_per_node_hour == pytest.approx(
+        expected = (
             _catalog_spot(region, request.instance_type)
+            if provider == "aws"
+            else GCP_SPOT[request.instance_type]
         )
+        assert request.usd_per_node_hour == pytest.approx(expected)
     assert result.state.compute_usd > 0
-    assert [n for n in netns.namespaces() if n.startswith(netns.prefix("emu-aws-job"))] == []
+    assert [
+        n for n in netns.namespaces() if n.startswith(netns.prefix(f"emu-{provider}-job"))
+    ] == []
 
 
 def _catalog_spot(region: str, instance_type: str) -> float:
@@ -80,26 +100,33 @@ def _catalog_spot(region: str, instance_type: str) -> float:
 
 
 @pytest.mark.parametrize(
-    ("code", "fix"),
+    ("provider", "kind", "answer", "fix"),
     [
-        ("InsufficientInstanceCapacity", "try another zone"),
-        ("MaxSpotInstanceCountExceeded", "quota"),
+        ("aws", "capacity", "InsufficientInstanceCapacity", "try another zone"),
+        ("aws", "quota", "MaxSpotInstanceCountExceeded", "quota"),
+        ("gcp", "capacity", "ZONE_RESOURCE_POOL_EXHAUSTED", "another zone"),
+        ("gcp", "quota", "NVIDIA_T4_GPUS", "quota"),
     ],
 )
-def test_no_capacity_or_quota_anywhere_is_one_line_and_launches_nothing(tmp_path, code, fix):
+def test_no_capacity_or_quota_anywhere_is_one_line_and_launches_nothing(
+    tmp_path, provider, kind, answer, fix
+):
     from orchestrator.catalog import default_catalog
     from orchestrator.driver.job import RunOptions, run_job
 
-    recipe = tmp_path / "emu-aws-job.yaml"
-    recipe.write_text(RECIPE.replace("CHECKPOINTS", str(tmp_path / "checkpoints")))
+    region = REGIONS[provider]
     options = RunOptions(
-        jobs_dir=tmp_path / "jobs", emulate=True, emulated_refusals=(("us-east-1", code),)
+        jobs_dir=tmp_path / "jobs",
+        emulate=True,
+        emulated_refusals=((region.split("/")[1], kind),),
     )
-    result = run_job(recipe, default_catalog(), options)
+    result = run_job(_recipe(tmp_path, provider), default_catalog(), options)
     failure = result.state.failure
-    assert result.state.phase == "failed" and failure["cause"] == "capacity"
-    assert f"ec2.run_instances answered {code} in aws/us-east-1/us-east-1a" in failure["message"]
+    assert result.state.phase == "failed" and failure["cause"] == "capacity", failure
+    assert f"answered {answer}" in failure["message"] and f"in {region}/" in failure["message"]
     assert fix in failure["fix"] and "\n" not in failure["message"]
     booted = result.folder / "instances"
     assert not booted.exists() or not any(booted.iterdir()), "no instance ever booted"
-    assert [n for n in netns.namespaces() if n.startswith(netns.prefix("emu-aws-job"))] == []
+    assert [
+        n for n in netns.namespaces() if n.startswith(netns.prefix(f"emu-{provider}-job"))
+    ] == []

@@ -28,10 +28,10 @@ from provisioners.base import (  # noqa: E402
     NodeState,
     QuotaError,
 )
+from provisioners.emulated.gcp_api import PROJECT, FakeGcp  # noqa: E402
 from provisioners.gcp import GcpProvisioner  # noqa: E402
 
 from .contract import Harness, run_contract  # noqa: E402
-from .gcp_fake import PROJECT, FakeGcp  # noqa: E402
 
 TOKEN = "ya29.fake-planted-token-Qz81pW7"  # a planted secret: must never show up anywhere
 

@@ -143,6 +143,33 @@ def test_nodes_that_never_join_fail_the_gang_which_is_terminated(controller):
     assert inner.alive == {} and controller.members == set()
 
 
+def test_a_node_that_stops_before_it_joins_fails_the_gang_at_once(controller):
+    """Its bootstrap failed and powered it off: waiting out the launch budget cannot help."""
+    controller.join_on_boot = False
+    wrapper, inner = joined(controller)
+    launch = inner.launch
+
+    def launch_one_dying(request):
+        nodes = launch(request)
+        controller.ray["ray-first"] = controller.boot_names[0]  # the first joins
+        stopped = inner.alive["i-2"]
+        inner.alive["i-2"] = Node(**{**stopped.__dict__, "state": NodeState.LOST})
+        return nodes
+
+    controller.boot_names = []
+    controller.boot = lambda script: controller.boot_names.append(
+        script.split("NODE=", 1)[1].split("\n", 1)[0].strip("'")
+    )
+    inner.on_boot = controller.boot
+    inner.launch = launch_one_dying
+    slow = LaunchRequest(**{**REQUEST.__dict__, "timeout_s": 600.0})
+    with pytest.raises(CloudCallError) as caught:
+        wrapper.launch(slow)
+    assert "stopped before they joined" in str(caught.value)
+    assert controller.boot_names[1] in str(caught.value)
+    assert inner.alive == {} and controller.members == set()  # the gang and its tokens gone
+
+
 def test_a_refused_launch_leaves_no_token_behind(controller):
     wrapper, _ = joined(controller, refuse=True)
     with pytest.raises(CapacityError):

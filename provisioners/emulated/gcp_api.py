@@ -1,11 +1,13 @@
-"""A small fake of the Compute Engine and Cloud Billing Catalog REST APIs, on 127.0.0.1.
+"""A small Compute Engine and Cloud Billing Catalog REST API, in memory (the GCP adapter's tests
+on 127.0.0.1; the emulated GCP, gcp.py, on a VM of the job's simulated internet).
 
 The real google-cloud-compute client (REST transport) talks to it through
 ``client_options={"api_endpoint": fake.url}``; the adapter's Billing Catalog session through
 ``billing_endpoint=fake.url``. It holds zones, accelerator types, machine types, instances, zone
 operations and SKUs in memory, records every insert body and delete, checks the bearer token on
-every request, and can be told to run out of capacity in a zone, refuse for quota, or preempt an
-instance (deleting it and recording a ``compute.instances.preempted`` zone operation).
+every request, applies GCE's metadata limits, and can be told to run out of capacity in a zone,
+refuse for quota, or preempt an instance (deleting it and recording a
+``compute.instances.preempted`` zone operation).
 """
 
 from __future__ import annotations
@@ -130,8 +132,10 @@ class FakeGcp:
 
     # ---- lifecycle ------------------------------------------------------------------------------
 
-    def start(self) -> FakeGcp:
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+    def start(self, *, host: str = "127.0.0.1", port: int = 0, listen=None) -> FakeGcp:
+        """Serve on ``host:port``; ``listen(make)``: where the socket is made (a VM's network)."""
+        make = lambda: ThreadingHTTPServer((host, port), _handler(self))  # noqa: E731
+        self._server = make() if listen is None else listen(make)
         threading.Thread(
             target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         ).start()
@@ -145,7 +149,8 @@ class FakeGcp:
     @property
     def url(self) -> str:
         assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        host, port = self._server.server_address[:2]
+        return f"http://{host}:{port}"
 
     # ---- what tests do to the cloud -------------------------------------------------------------
 
@@ -161,6 +166,18 @@ class FakeGcp:
         with self._lock:
             zone = next(z for (z, n) in self.instances if n == name)
             del self.instances[(zone, name)]
+
+    def stopped(self, name: str) -> None:
+        """The guest powered itself off: GCE keeps the instance, TERMINATED."""
+        with self._lock:
+            for (_, n), instance in self.instances.items():
+                if n == name:
+                    instance["status"] = "TERMINATED"
+
+    def snapshot(self) -> list[tuple[str, dict]]:
+        """Every instance now: (zone, its fields, copied)."""
+        with self._lock:
+            return [(zone, dict(i)) for (zone, _), i in self.instances.items()]
 
     # ---- request handling -----------------------------------------------------------------------
 
@@ -313,8 +330,9 @@ class FakeGcp:
                 "notFound",
             )
         instance["_gets"] += 1
-        running = instance["_gets"] > self.stagings_before_running
-        instance["status"] = "RUNNING" if running else "STAGING"
+        if instance["status"] != "TERMINATED":
+            running = instance["_gets"] > self.stagings_before_running
+            instance["status"] = "RUNNING" if running else "STAGING"
         return 200, self._public(instance)
 
     def _list_instances(self, query: dict, body: dict, zone: str) -> tuple[int, dict]:
