@@ -30,7 +30,7 @@ from pathlib import Path
 
 from orchestrator.errors import UserError
 
-EMULATED = ("aws", "gcp")  # providers with an emulation that boots
+EMULATED = ("aws", "gcp", "azure")  # providers with an emulation that boots
 # an Amazon Linux image moto knows (the default Deep Learning AMI parameter is not in moto's SSM)
 EMULATED_AMI_PARAMETER = "/aws/service/ami-amazon-linux-latest/amzn2-ami-hvm-x86_64-gp2"
 LEASE_S = 6 * 3600.0  # a VM's expiry tag: a job renews it (docs/provisioners.md, leaks)
@@ -56,7 +56,7 @@ class CloudSpec:
     api_token: str | None = field(default=None, repr=False)  # an emulated API's bearer token
     # emulated VMs share this machine's /tmp: each node's Ray files go in a folder of its own here
     ray_temp_root: str | None = None
-    project: str | None = None  # GCP's
+    account: str | None = None  # GCP's project, Azure's subscription
 
 
 def cloud_provisioner(cloud: CloudSpec, *, job: str):
@@ -67,7 +67,7 @@ def cloud_provisioner(cloud: CloudSpec, *, job: str):
         raise UserError(
             f"submit --emulate boots {', '.join(EMULATED)} in this version, not {cloud.provider}",
             field="provider",
-            fix="write provider: aws or gcp, or plan and simulate for this provider",
+            fix="write provider: aws, gcp or azure, or plan and simulate for this provider",
         )
     inner = _adapter(cloud)
     return JoinedProvisioner(
@@ -81,10 +81,26 @@ def _adapter(cloud: CloudSpec):
         from provisioners.gcp import GcpProvisioner
 
         if cloud.endpoint_url is None:
-            return GcpProvisioner(project=cloud.project, regions=cloud.regions)
-        assert cloud.api_token is not None and cloud.project is not None
+            return GcpProvisioner(project=cloud.account, regions=cloud.regions)
+        assert cloud.api_token is not None and cloud.account is not None
         return GcpProvisioner.at_endpoint(
-            cloud.endpoint_url, token=cloud.api_token, project=cloud.project, regions=cloud.regions
+            cloud.endpoint_url, token=cloud.api_token, project=cloud.account, regions=cloud.regions
+        )
+    if cloud.provider == "azure":
+        from provisioners.azure import AzureProvisioner
+
+        if cloud.endpoint_url is None:
+            return AzureProvisioner(subscription_id=cloud.account, locations=cloud.regions)
+        from provisioners.emulated.azure import SUBNET
+        from provisioners.emulated.azure_api import FakeCredential, RelayTransport
+
+        return AzureProvisioner(
+            subscription_id=cloud.account,
+            locations=cloud.regions,
+            credential=FakeCredential(cloud.api_token),
+            client_kwargs={"transport": RelayTransport(cloud.endpoint_url)},
+            poll_interval_s=0.5,
+            subnet_id=SUBNET,
         )
     from provisioners.aws import AwsProvisioner
 
@@ -210,7 +226,7 @@ def run_on_emulated_cloud(
             f"submit --emulate boots {', '.join(EMULATED)} in this version, not {recipe.provider}",
             file=str(recipe_path),
             field="provider",
-            fix="write provider: aws or gcp, or plan and simulate for this provider",
+            fix="write provider: aws, gcp or azure, or plan and simulate for this provider",
         )
     reason = vms.unsupported_reason()
     if reason is not None:
@@ -234,7 +250,7 @@ def run_on_emulated_cloud(
     ray_temp_root = tempfile.mkdtemp(prefix="geo-ray-")  # short: Ray's socket paths live under it
     try:
         address = cluster.address  # the controller VM: overlay join service and Ray head
-        emulator = _emulator(recipe.provider, cluster, folder, regions, refusals)
+        emulator = _emulator(recipe, cluster, folder, regions, refusals)
         endpoint = emulator.start()
         print(
             f"emulated {recipe.provider}: its API at {endpoint} on the job's simulated internet; "
@@ -256,7 +272,8 @@ def run_on_emulated_cloud(
             grace_s=recipe.recovery.controller_grace_s,
             node_label=vms.NODE_LABEL,
             api_token=getattr(emulator, "token", None),
-            project=getattr(emulator, "project", None),
+            account=getattr(emulator, "project", None)
+            or getattr(emulator, "subscription_id", None),
             ray_temp_root=ray_temp_root,
         )
         from provisioners.registry import provisioner_class
@@ -284,16 +301,35 @@ def run_on_emulated_cloud(
         shutil.rmtree(ray_temp_root, ignore_errors=True)
 
 
-def _emulator(provider: str, cluster, folder: Path, regions, refusals):
+def _emulator(recipe, cluster, folder: Path, regions, refusals):
     """The provider's emulation on the job's simulated internet (not started yet)."""
     from orchestrator.catalog import default_catalog
     from provisioners.local import vms
 
+    provider = recipe.provider
     common = {"internet": cluster.internet, "folder": folder / "instances", "vm_env": vms._vm_env()}
     if provider == "gcp":
         from provisioners.emulated.gcp import EmulatedGcp
 
         return EmulatedGcp(**common, refusals=refusals)  # its Billing SKUs are its prices
+    if provider == "azure":
+        from provisioners.emulated.azure import EmulatedAzure
+
+        sizes = {  # the catalog's sizes of the recipe's GPUs there, at its published prices
+            (o.location.region, o.instance_type): (
+                o.gpus_per_node,
+                int(o.vcpus),
+                o.memory_gib,
+                o.on_demand_usd_per_hour,
+                o.spot_usd_per_hour,
+            )  # fmt: skip
+            for o in default_catalog().offers.offers
+            if o.location.cloud == "azure"
+            and o.location.region in regions
+            and o.gpu in recipe.constraints.gpu_types
+            and o.spot_usd_per_hour is not None
+        }
+        return EmulatedAzure(**common, sizes=sizes, refusals=refusals)
     from provisioners.emulated.aws import EmulatedAws
 
     book = spot_price_book(default_catalog(), provider, regions)

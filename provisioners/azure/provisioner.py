@@ -245,6 +245,8 @@ class AzureProvisioner(Provisioner):
         return ready
 
     def nodes(self, *, gang: str | None = None) -> list[Node]:
+        # current states: a look at the live nodes, whose losses wait for poll_events
+        self._events.extend(self._check_live_nodes())
         with self._lock:
             return [t.node for t in self._tracked.values() if gang is None or t.node.gang == gang]
 

@@ -10,6 +10,9 @@ server bound there in the VM's namespace answers what a node asks of it.
 - GCE (``GceMetadata``): only with ``Metadata-Flavor: Google`` (403 without, as GCE answers),
   ``/computeMetadata/v1/instance/`` ``id``, ``name``, ``zone`` and ``preempted`` (``FALSE``, then
   ``TRUE`` from the preemption notice on, about 30 s before the VM stops).
+- Azure (``AzureMetadata``): only with ``Metadata: true``, Scheduled Events
+  (``/metadata/scheduledevents``): none, then a ``Preempt`` event for this VM with its
+  ``NotBefore`` (about 30 s before a Spot eviction).
 """
 
 from __future__ import annotations
@@ -119,6 +122,48 @@ class GceMetadata:
         }.get(path[len(base) :])
 
 
+@dataclass
+class AzureMetadata:
+    name: str
+    evict_at_s: float | None = None
+
+    def notice(self, at_s: float) -> None:
+        """A Spot eviction at ``at_s``: a ``Preempt`` scheduled event from now on."""
+        self.evict_at_s = at_s
+
+    def answer(self, path: str) -> str | None:
+        if not path.startswith("/metadata/scheduledevents"):
+            return None
+        events = []
+        if self.evict_at_s is not None:
+            events.append(
+                {
+                    "EventId": f"evict-{self.name}",
+                    "EventType": "Preempt",
+                    "ResourceType": "VirtualMachine",
+                    "Resources": [self.name],
+                    "EventStatus": "Scheduled",
+                    "NotBefore": time.strftime(
+                        "%a, %d %b %Y %H:%M:%S GMT", time.gmtime(self.evict_at_s)
+                    ),
+                    "EventSource": "Platform",
+                }
+            )
+        return json.dumps({"DocumentIncarnation": len(events), "Events": events})
+
+
+def _azure_handler(metadata: AzureMetadata) -> type[http.server.BaseHTTPRequestHandler]:
+    class Handler(_Quiet):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            if self.headers.get("Metadata") != "true":
+                self._reply(400, '{"error": "Bad request. Required metadata header not specified"}')
+                return
+            text = metadata.answer(self.path)
+            self._reply(404 if text is None else 200, text or "")
+
+    return Handler
+
+
 def _gce_handler(metadata: GceMetadata) -> type[http.server.BaseHTTPRequestHandler]:
     class Handler(_Quiet):
         extra_headers = {"Metadata-Flavor": "Google"}
@@ -136,12 +181,13 @@ def _gce_handler(metadata: GceMetadata) -> type[http.server.BaseHTTPRequestHandl
 class MetadataService:
     """The metadata server of one VM; ``close`` stops it (removing the VM removes the address)."""
 
-    def __init__(self, vm: netns.Vm, metadata: InstanceMetadata | GceMetadata) -> None:
+    def __init__(
+        self, vm: netns.Vm, metadata: InstanceMetadata | GceMetadata | AzureMetadata
+    ) -> None:
         self.metadata = metadata
         netns.run_in(vm, ["ip", "address", "add", f"{ADDRESS}/32", "dev", "lo"])
-        handler = (
-            _gce_handler(metadata) if isinstance(metadata, GceMetadata) else _handler(metadata)
-        )
+        handlers = {GceMetadata: _gce_handler, AzureMetadata: _azure_handler}
+        handler = handlers.get(type(metadata), _handler)(metadata)
         # the listening socket is made inside the VM's network; it serves from any thread
         self._server = netns.in_namespace(
             vm.netns, lambda: http.server.ThreadingHTTPServer((ADDRESS, 80), handler)

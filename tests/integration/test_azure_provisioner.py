@@ -33,7 +33,7 @@ from provisioners.base import (
     QuotaError,
     SdkMissing,
 )
-from tests.integration.azure_fake import (
+from provisioners.emulated.azure_api import (
     FAKE_TOKEN,
     PRICES,
     FakeAzure,

@@ -36,7 +36,7 @@ runtime: {allreduce: hierarchical, link_emulation: false}
 """
 
 
-REGIONS = {"aws": "aws/us-east-1", "gcp": "gcp/us-central1"}
+REGIONS = {"aws": "aws/us-east-1", "gcp": "gcp/us-central1", "azure": "azure/eastus"}
 # the emulated Compute API's prices (its Billing SKUs, gcp_api.py): n1-standard-8 + 1 T4, spot
 GCP_SPOT = {"n1-standard-8": 8 * 0.0066 + 30 * 0.0009 + 0.14}
 
@@ -48,7 +48,7 @@ def _recipe(tmp_path, provider: str):
     return recipe
 
 
-@pytest.mark.parametrize("provider", ["aws", "gcp"])
+@pytest.mark.parametrize("provider", ["aws", "gcp", "azure"])
 def test_a_job_trains_on_the_emulated_cloud_through_a_reclaim(tmp_path, monkeypatch, provider):
     from orchestrator.catalog import default_catalog
     from orchestrator.driver.job import RunOptions, run_job
@@ -68,16 +68,19 @@ def test_a_job_trains_on_the_emulated_cloud_through_a_reclaim(tmp_path, monkeypa
     assert notice["reason"].startswith(f"node {chaos['details']['node']} ")
     if provider == "aws":
         assert chaos["details"]["node"].startswith("i-")  # an EC2 instance id
-    assert kinds.index("chaos") < kinds.index("preemption_notice") < kinds.index("recovered")
-    assert "node_lost" not in kinds or kinds.index("node_lost") > kinds.index("preemption_notice")
+    # (a launch that failed before training, e.g. a node too slow to join on a loaded machine,
+    # is an earlier loss and recovery of its own)
+    heard = kinds.index("preemption_notice")
+    assert kinds.index("chaos") < heard < kinds.index("recovered", heard)
+    assert "node_lost" not in kinds[kinds.index("chaos") :]  # moved off before the node went
     # priced at the emulated API's spot price: the catalog's published one for its type
     assert result.choice is not None
     for request in result.choice.requests:
         region = request.infra.split("/")[1]
         expected = (
-            _catalog_spot(region, request.instance_type)
-            if provider == "aws"
-            else GCP_SPOT[request.instance_type]
+            GCP_SPOT[request.instance_type]
+            if provider == "gcp"
+            else _catalog_spot(provider, region, request.instance_type)
         )
         assert request.usd_per_node_hour == pytest.approx(expected)
     assert result.state.compute_usd > 0
@@ -86,13 +89,13 @@ def test_a_job_trains_on_the_emulated_cloud_through_a_reclaim(tmp_path, monkeypa
     ] == []
 
 
-def _catalog_spot(region: str, instance_type: str) -> float:
+def _catalog_spot(cloud: str, region: str, instance_type: str) -> float:
     from orchestrator.catalog import default_catalog
 
     return min(
         o.spot_usd_per_hour
         for o in default_catalog().offers.offers
-        if o.location.cloud == "aws"
+        if o.location.cloud == cloud
         and o.location.region == region
         and o.instance_type == instance_type
         and o.spot_usd_per_hour is not None
@@ -106,6 +109,7 @@ def _catalog_spot(region: str, instance_type: str) -> float:
         ("aws", "quota", "MaxSpotInstanceCountExceeded", "quota"),
         ("gcp", "capacity", "ZONE_RESOURCE_POOL_EXHAUSTED", "another zone"),
         ("gcp", "quota", "NVIDIA_T4_GPUS", "quota"),
+        ("azure", "capacity", "ZonalAllocationFailed", "zone"),
     ],
 )
 def test_no_capacity_or_quota_anywhere_is_one_line_and_launches_nothing(

@@ -20,7 +20,8 @@ SDK_HOMES = {
     "google.cloud": "provisioners/gcp",
     "googleapiclient": "provisioners/gcp",
     "google.auth": "provisioners/gcp",
-    "azure": "provisioners/azure",
+    # the emulated Azure's API speaks azure-core (provisioners/emulated/azure_api.py)
+    "azure": ("provisioners/azure", "provisioners/emulated/azure_api.py"),
     "sky": "provisioners/skypilot",
 }
 FORBIDDEN = {

@@ -1,5 +1,7 @@
 """An in-memory Azure (Resource Manager, compute and network, plus the Retail Prices API) behind an
-azure-core HTTP transport, so that tests drive the REAL ``ComputeManagementClient`` offline.
+azure-core HTTP transport, so that tests drive the REAL ``ComputeManagementClient`` offline; and
+over the wire for the emulated Azure (azure.py): ``serve`` answers relayed requests on a VM of the
+job's simulated internet, and ``RelayTransport`` is the client's side in another process.
 
 ``FakeAzureTransport`` is an ``HttpTransport``: the SDK builds real requests (URLs, api-versions,
 JSON bodies, bearer tokens) and this class answers them from ``FakeAzure``'s state instead of the
@@ -419,3 +421,97 @@ def _invalid_login(profile: dict) -> str | None:
                     f"the SSH key path {key.get('path')!r} is not /home/{user}/.ssh/authorized_keys"
                 )
     return None
+
+
+# ---- over the wire (the emulated Azure) -----------------------------------------------------------
+
+RELAY_URL_HEADER = "X-Relay-Url"  # the request's real URL (ARM, Retail Prices), relayed as a header
+
+
+def serve(cloud: FakeAzure, *, host: str, port: int, listen=None):
+    """An HTTP server that answers relayed requests from ``cloud``; ``listen(make)``: where its
+    socket is made (a VM's network). Returns the server (its ``shutdown`` stops it)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def _relay(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else None
+            headers = {k: v for k, v in self.headers.items() if k != RELAY_URL_HEADER}
+            request = HttpRequest(
+                self.command, self.headers[RELAY_URL_HEADER], headers=headers, content=body
+            )
+            response = cloud.handle(request)
+            data = response.content or b""
+            self.send_response(response.status_code)
+            for name, value in response.headers.items():
+                if name.lower() != "content-length":
+                    self.send_header(name, value)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = _relay  # noqa: N815 (http.server's naming)
+
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
+            return None
+
+    make = lambda: ThreadingHTTPServer((host, port), Handler)  # noqa: E731
+    server = make() if listen is None else listen(make)
+    threading.Thread(
+        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+    ).start()
+    return server
+
+
+class RelayTransport(HttpTransport):
+    """An azure-core transport that sends every request to ``endpoint`` (``serve``), its real URL in
+    a header: the real SDK builds the requests, the emulated cloud answers them."""
+
+    def __init__(self, endpoint: str, *, timeout_s: float = 30.0) -> None:
+        self.endpoint, self.timeout_s = endpoint, timeout_s
+
+    def send(self, request: HttpRequest, **kwargs: Any):
+        import urllib.error
+        import urllib.request
+
+        headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
+        data = request.content
+        relayed = urllib.request.Request(
+            self.endpoint,
+            data=(data.encode() if isinstance(data, str) else data) or None,
+            headers={**headers, RELAY_URL_HEADER: request.url},
+            method=request.method,
+        )
+        try:
+            with urllib.request.urlopen(relayed, timeout=self.timeout_s) as answer:
+                status, body, reply_headers = answer.status, answer.read(), dict(answer.headers)
+        except urllib.error.HTTPError as error:
+            status, body, reply_headers = error.code, error.read(), dict(error.headers)
+        return _raw_response(request, status, body, reply_headers)
+
+    def open(self) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def __enter__(self) -> RelayTransport:
+        return self
+
+    def __exit__(self, *args: Any) -> None:
+        return None
+
+
+def _raw_response(request: HttpRequest, status: int, content: bytes, headers: dict):
+    response = HttpResponseImpl(
+        request=request,
+        internal_response=_Closer(),
+        status_code=status,
+        reason="OK" if status < 400 else "Error",
+        content_type=headers.get("Content-Type", "application/json"),
+        headers=case_insensitive_dict(headers),
+        stream_download_generator=lambda **_: iter([content]),
+    )
+    response.read()
+    return response
