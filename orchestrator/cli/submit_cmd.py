@@ -186,7 +186,7 @@ def _summary(result: RunResult) -> None:
     cores = os.cpu_count() or 1
     if choice is not None and sum(r.count for r in choice.requests) > cores:
         print(
-            f"note: the local cloud's workers share this machine's {cores} cores (a plan's "
+            f"note: the simulated VMs' workers share this machine's {cores} cores (a plan's "
             "prediction assumes a device per worker): measured rates are shared-core rates"
         )
     recoveries = [e for e in events if e["event"] == "recovered"]
