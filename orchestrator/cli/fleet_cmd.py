@@ -17,6 +17,7 @@ still asked.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 import time
 from dataclasses import dataclass
@@ -135,7 +136,7 @@ def run_down(args: argparse.Namespace, catalog) -> int:
     answers = ask_clouds()
     ended: list[dict] = []
     for answer in answers:
-        mine = [vm for vm in answer.vms if vm.labels.get(JOB_LABEL) == args.job]
+        mine = [vm for vm in answer.vms if _same_job(vm.labels.get(JOB_LABEL, ""), args.job)]
         if mine:
             answer.adapter.terminate_labelled(mine)
             ended += fleet_rows([Asked(answer.cloud, mine)], now_s=time.time())
@@ -153,6 +154,12 @@ def run_down(args: argparse.Namespace, catalog) -> int:
     for row in ended:
         print(f"terminated {row['vm']} ({row['type']}) in {row['place']}")
     return 0
+
+
+def _same_job(label: str, job: str) -> bool:
+    """The job's label as the cloud stores it: GCP lowercases a label value and turns what it
+    does not allow (e.g. '.') into '-'."""
+    return label == job or label == re.sub(r"[^a-z0-9_-]", "-", job.lower())[:63]
 
 
 def _iso(seconds: float) -> str:

@@ -45,6 +45,7 @@ from provisioners.base import (
     CloudCallError,
     Event,
     Feature,
+    LabelledVm,
     LaunchRequest,
     Node,
     NodeLost,
@@ -96,8 +97,6 @@ class AzureProvisioner(Provisioner):
         Feature.PREEMPTION_NOTICE: "Azure announces an eviction (~30 s ahead) only to the VM "
         "itself through Scheduled Events; the control plane sees only the loss. Run "
         "provisioners.azure.metadata.preemption_notice on the node instead",
-        Feature.LIST_LABELLED: "not built yet: the sweep would list virtualMachines.listAll by "
-        "the geo-job tag; list them in the portal by that tag meanwhile",
     }
 
     def __init__(
@@ -249,6 +248,56 @@ class AzureProvisioner(Provisioner):
         self._events.extend(self._check_live_nodes())
         with self._lock:
             return [t.node for t in self._tracked.values() if gang is None or t.node.gang == gang]
+
+    def labelled(self, key: str) -> list[LabelledVm]:
+        """The VMs of this provisioner's resource group that carry tag ``key``, whoever made
+        them (virtual_machines.list)."""
+        from azure.core.exceptions import AzureError
+
+        try:
+            vms = list(self._compute().virtual_machines.list(self.resource_group))
+        except AzureError as error:
+            raise map_error(
+                error, call="virtual_machines.list", where=self.resource_group
+            ) from error
+        found = []
+        for vm in vms:
+            tags, location = dict(vm.tags or {}), (vm.location or "").lower()
+            if key not in tags or (self.locations and location not in self.locations):
+                continue
+            zone = (vm.zones or [""])[0]
+            found.append(
+                LabelledVm(
+                    node_id=vm.name,
+                    infra=f"{CLOUD}/{location}/{zone}" if zone else f"{CLOUD}/{location}",
+                    instance_type=vm.hardware_profile.vm_size if vm.hardware_profile else "",
+                    state=NodeState.RUNNING
+                    if vm.provisioning_state == "Succeeded"
+                    else NodeState.PENDING,
+                    labels=tags,
+                )
+            )
+        return found
+
+    def terminate_labelled(self, vms: Sequence[LabelledVm]) -> None:
+        gone = [
+            _Tracked(
+                node=Node(
+                    node_id=vm.node_id,
+                    gang="",
+                    infra=vm.infra,
+                    instance_type=vm.instance_type,
+                    gpu="",
+                    gpus=0,
+                    spot=True,
+                    state=vm.state,
+                ),  # fmt: skip
+                eviction_policy="Delete",
+                vm_created=True,
+            )
+            for vm in vms
+        ]
+        self._delete(gone, reason="a sweep of labelled VMs")
 
     def terminate(self, node_ids: Sequence[str]) -> None:
         with self._lock:

@@ -206,6 +206,10 @@ class FakeAzure:
                 self._instance_view,
             ),
             (
+                rf"{sub}/resourceGroups/[^/]+/providers/Microsoft\.Compute/virtualMachines",
+                self._list_vms,
+            ),
+            (
                 rf"{sub}/resourceGroups/[^/]+/providers/Microsoft\.Compute/virtualMachines/([^/]+)",
                 self._vm,
             ),
@@ -235,6 +239,11 @@ class FakeAzure:
             vm = self.vms[op["vm"]]
             vm.provisioning, vm.power = "Succeeded", "running"
         return _response(request, 200, {k: v for k, v in op.items() if k in ("status", "error")})
+
+    def _list_vms(self, request: HttpRequest):
+        if request.method != "GET":
+            return _error(request, 405, "MethodNotAllowed", f"{request.method} on a VM list")
+        return _response(request, 200, {"value": [self._vm_json(vm) for vm in self.vms.values()]})
 
     def _vm(self, request: HttpRequest, name: str):
         if request.method == "PUT":

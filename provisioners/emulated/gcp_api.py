@@ -200,6 +200,7 @@ class FakeGcp:
             (COMPUTE + "/zones", ("GET", self._zones)),
             (COMPUTE + "/aggregated/acceleratorTypes", ("GET", self._accelerators)),
             (COMPUTE + "/aggregated/machineTypes", ("GET", self._machine_types)),
+            (COMPUTE + "/aggregated/instances", ("GET", self._aggregated_instances)),
             (zone + "/machineTypes/([^/]+)", ("GET", self._machine_type)),
             (zone + "/instances", ("POST", self._insert)),
             (zone + "/instances", ("GET", self._list_instances)),
@@ -337,6 +338,29 @@ class FakeGcp:
 
     def _list_instances(self, query: dict, body: dict, zone: str) -> tuple[int, dict]:
         items = [self._public(i) for (z, _), i in self.instances.items() if z == zone]
+        return 200, {"items": items}
+
+    def _aggregated_instances(self, query: dict, body: dict) -> tuple[int, dict]:
+        """instances.aggregatedList with GCE's ``labels.KEY="VALUE"`` filter (the only form the
+        adapter sends; anything else is refused, as a filter GCE cannot parse is)."""
+        wanted = query.get("filter", [""])[0]
+        match = (
+            re.fullmatch(r'labels\.([a-z][a-z0-9_]*)="([a-z0-9_-]*)"', wanted) if wanted else None
+        )
+        if wanted and match is None:
+            return _error(
+                400,
+                f"Invalid value for field 'filter': '{wanted}'. Invalid list filter expression.",
+                "invalid",
+            )
+        items: dict[str, dict] = {}
+        for (zone, _), instance in self.instances.items():
+            labels = instance.get("labels", {})
+            if match and labels.get(match.group(1)) != match.group(2):
+                continue
+            items.setdefault(f"zones/{zone}", {"instances": []})["instances"].append(
+                self._public(instance)
+            )
         return 200, {"items": items}
 
     def _delete_instance(self, query: dict, body: dict, zone: str, name: str) -> tuple[int, dict]:

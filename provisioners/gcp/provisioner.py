@@ -29,6 +29,7 @@ from provisioners.base import (
     CloudCallError,
     Event,
     Feature,
+    LabelledVm,
     LaunchRequest,
     Node,
     NodeLost,
@@ -104,9 +105,6 @@ class GcpProvisioner(Provisioner):
         Feature.PREEMPTION_RATE: "GCP publishes no preemption rate per zone or machine type",
         Feature.PREEMPTION_NOTICE: "GCP's ~30 s preemption notice reaches only the VM's own "
         "metadata server, not the control plane; the loss is seen from zone operations",
-        Feature.LIST_LABELLED: "not built yet: the sweep would list instances.aggregatedList "
-        "filtered on labels.geo-job; `gcloud compute instances list --filter=labels.geo-job:*` "
-        "meanwhile",
     }
 
     def __init__(
@@ -441,6 +439,46 @@ class GcpProvisioner(Provisioner):
         elif instance.status == "RUNNING" and node.state == NodeState.PENDING:
             ready = dataclasses.replace(node, state=NodeState.RUNNING, address=address_of(instance))
             self._track(ready, event=NodeReady(node=ready))
+
+    def labelled(self, key: str) -> list[LabelledVm]:
+        """Our instances in every zone (instances.aggregatedList on our managed label: a filter
+        cannot name a key with a hyphen) that carry label ``key``, as GCP stores it."""
+        wanted = sanitize_labels([(key, "")])[0][0]
+        scoped = self._api.call(
+            "instances.aggregatedList",
+            "all zones",
+            lambda: list(
+                self._api.client("InstancesClient").aggregated_list(
+                    request={"project": self.project, "filter": f'labels.{MANAGED_LABEL}="true"'}
+                )
+            ),
+        )
+        found = []
+        regions = set(self.options.market.regions)
+        for scope, listed in scoped:
+            zone = last_segment(scope)
+            region = zone.rsplit("-", 1)[0]
+            if regions and region not in regions:
+                continue
+            for instance in listed.instances:
+                labels = dict(instance.labels)
+                if wanted not in labels or instance.status in ("TERMINATED", "STOPPING"):
+                    continue
+                running = instance.status == "RUNNING"
+                found.append(
+                    LabelledVm(
+                        node_id=instance.name,
+                        infra=f"{CLOUD}/{region}/{zone}",
+                        instance_type=last_segment(instance.machine_type),
+                        state=NodeState.RUNNING if running else NodeState.PENDING,
+                        labels=labels,
+                    )
+                )
+        return found
+
+    def terminate_labelled(self, vms: Sequence[LabelledVm]) -> None:
+        for vm in vms:
+            self._delete(vm.infra.split("/")[2], vm.node_id)
 
     def _delete(self, zone: str, name: str) -> None:
         """Delete one instance; one that is already gone (HTTP 404) is fine."""

@@ -368,6 +368,26 @@ def test_eviction_with_deallocate_policy_is_preemption(cloud: FakeAzure, planted
     assert cloud.vms == {}
 
 
+def test_a_sweep_lists_and_ends_the_tagged_vms_whoever_created_them(
+    azure: AzureProvisioner, cloud: FakeAzure
+):
+    """status --all / down: a fresh adapter (another process) finds the job's VMs by their tag
+    (virtual_machines.list of the resource group) and deletes them, NICs too."""
+    mine = azure.launch(request(zone="1", count=1, labels=(("geo-job", "job-a"),)))
+    other = azure.launch(request(zone="3", count=1, gang="g2", labels=(("geo-job", "job-b"),)))
+    plain = azure.launch(request(zone="3", count=1, gang="g3"))
+    sweep = make(cloud)  # knows nothing of them
+    found = {vm.node_id: vm for vm in sweep.labelled("geo-job")}
+    assert set(found) == {mine[0].node_id, other[0].node_id}  # not the untagged one
+    vm = found[mine[0].node_id]
+    assert vm.labels["geo-job"] == "job-a" and vm.infra == "azure/eastus/1"
+    assert vm.instance_type == A100
+    sweep.terminate_labelled([vm])
+    assert set(cloud.alive()) == {other[0].node_id, plain[0].node_id}
+    assert not any(name.startswith(mine[0].node_id) for name in cloud.nics)
+    sweep.close()
+
+
 def test_terminate_is_idempotent_and_ignores_vanished_vms(
     azure: AzureProvisioner, cloud: FakeAzure
 ):

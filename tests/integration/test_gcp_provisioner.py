@@ -211,6 +211,27 @@ def test_terminate_is_idempotent(fake):
     assert {n.state for n in p.nodes()} == {NodeState.TERMINATED}
 
 
+def test_a_sweep_lists_and_ends_the_labelled_instances_whoever_launched_them(fake):
+    """status --all / down: a fresh adapter (another process) finds the job's instances by label
+    through instances.aggregatedList, and deletes them."""
+    launcher = make(fake)
+    job = (("geo-job", "Job.A"), ("geo-expires", "1800000000"))
+    mine = launcher.launch(request(count=2, labels=job))
+    other = launcher.launch(request(count=1, gang="other", labels=(("geo-job", "job-b"),)))
+    unlabelled = launcher.launch(request(count=1, gang="plain"))
+    sweep = make(fake)  # knows nothing of them
+    found = {vm.node_id: vm for vm in sweep.labelled("geo-job")}
+    assert set(found) == {n.node_id for n in [*mine, *other]}  # not the unlabelled one
+    vm = found[mine[0].node_id]
+    assert vm.labels["geo-job"] == "job-a"  # as GCP stores it: lowercase, no dots
+    assert vm.infra == "gcp/us-central1/us-central1-a" and vm.instance_type
+    assert any(r.endswith("/aggregated/instances") for r in fake.requests)
+    sweep.terminate_labelled([found[n.node_id] for n in mine])
+    assert set(fake.deleted) == {n.node_id for n in mine}
+    left = {name for (_, name) in fake.instances}
+    assert left == {other[0].node_id, unlabelled[0].node_id}
+
+
 def test_a_rejected_token_is_a_credentials_error_without_the_token(fake):
     wrong = "ya29.another-planted-token-Lm42"
     with pytest.raises(CredentialsMissing) as caught:

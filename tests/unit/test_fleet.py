@@ -104,3 +104,11 @@ def test_down_terminates_the_jobs_vms_in_every_region_and_nothing_else(ec2, caps
     assert main(["down", "job-a", "--jobs-dir", str(tmp_path)]) == 0
     assert "no VM of job job-a" in capsys.readouterr().out
     assert main(["down", "../etc", "--jobs-dir", str(tmp_path)]) == 2
+
+
+def test_a_jobs_label_matches_as_each_cloud_stores_it():
+    from orchestrator.cli.fleet_cmd import _same_job
+
+    assert _same_job("Job.A", "Job.A")  # AWS and Azure keep the tag as written
+    assert _same_job("job-a", "Job.A")  # GCP lowercases, and '.' becomes '-'
+    assert not _same_job("job-b", "Job.A") and not _same_job("", "job")
