@@ -2,7 +2,7 @@
 simulated cloud) with the driver (assembly.py, machine.py) on it. Used by ``python -m
 orchestrator submit`` and the notebook API.
 
-A job's folder, ``<jobs_dir>/<job>/``: ``state.json`` (state.py), ``events.jsonl`` (events.py),
+A job's folder, ``<jobs_dir>/<job>/`` (``jobs_home()``: ``~/.orchestrator/jobs`` by default): ``state.json`` (state.py), ``events.jsonl`` (events.py),
 ``metrics.jsonl`` (one line per committed step: time, step, loss, samples/s over the step, dollars
 spent, egress bytes, nodes held), ``profile-<model>.json`` (the model timed on this machine),
 ``stop.request`` while a stop is asked for, ``driver.lock`` (lock.py: held by the process that
@@ -33,7 +33,18 @@ from orchestrator.names import default_job_name, job_name_problem
 from orchestrator.recipe import load_recipe
 from orchestrator.recipe.schema import Recipe
 
-JOBS_DIR = Path(".orchestrator/jobs")
+HOME_VARIABLE = "GEO_ORCHESTRATOR_HOME"
+
+
+def jobs_home() -> Path:
+    """Where jobs live unless ``--jobs-dir`` says otherwise: ``$GEO_ORCHESTRATOR_HOME/jobs``, else
+    ``~/.orchestrator/jobs``: one place per user, so ``status``, ``logs``, ``stop`` and ``down``
+    find a job from any folder and any shell."""
+    home = os.environ.get(HOME_VARIABLE)
+    return (Path(home) if home else Path.home() / ".orchestrator") / "jobs"
+
+
+JOBS_DIR = jobs_home()
 STOP_FILE = "stop.request"
 KEY_FILE = "checkpoint.key"
 LOG_FILE = "driver.log"

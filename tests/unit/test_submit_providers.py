@@ -111,3 +111,14 @@ def test_the_chaos_schedule_takes_nodes_through_the_emulated_market():
         ("lose", "i-0abc"),
         ("zone", "us-east-1a", 7.0),
     ]
+
+
+def test_jobs_live_in_one_home_per_user_whatever_the_folder(monkeypatch, tmp_path):
+    from orchestrator.driver.job import jobs_home
+
+    monkeypatch.delenv("GEO_ORCHESTRATOR_HOME", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "me"))
+    monkeypatch.chdir(tmp_path)
+    assert jobs_home() == tmp_path / "me" / ".orchestrator" / "jobs"
+    monkeypatch.setenv("GEO_ORCHESTRATOR_HOME", str(tmp_path / "shared"))
+    assert jobs_home() == tmp_path / "shared" / "jobs"
