@@ -76,6 +76,17 @@ class RunTimedOut(BaseException):
 _TIMERS = ((signal.ITIMER_PROF, RUN_LIMIT_S), (signal.ITIMER_REAL, RUN_WALL_LIMIT_S))
 
 
+def _peak_kib() -> int:
+    """This process's peak resident set, KiB: the kernel's VmHWM, which a new program starts
+    afresh. (``ru_maxrss`` keeps the peak of the process before ``exec``: run from a test worker
+    that had grown to 1 GiB, the campaign read 1.2 GiB though it never held more than 0.25.)"""
+    with open("/proc/self/status", encoding="ascii") as status:
+        for line in status:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # no /proc: the closest figure
+
+
 @dataclass
 class Report:
     runs: Counter = field(default_factory=Counter)
@@ -309,14 +320,3 @@ if __name__ == "__main__":
     result = campaign(options.examples, options.seed, options.target or list(TARGETS))
     print(json.dumps(result, indent=2), flush=True)
     print(summary(result), file=sys.stderr)
-
-
-def _peak_kib() -> int:
-    """This process's peak resident set, KiB: the kernel's VmHWM, which a new program starts
-    afresh. (``ru_maxrss`` keeps the peak of the process before ``exec``: run from a test worker
-    that had grown to 1 GiB, the campaign read 1.2 GiB though it never held more than 0.25.)"""
-    with open("/proc/self/status", encoding="ascii") as status:
-        for line in status:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # no /proc: the closest figure
