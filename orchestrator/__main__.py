@@ -2,6 +2,6 @@
 
 import sys
 
-from orchestrator.cli import main
+from orchestrator.cli import run
 
-sys.exit(main())
+sys.exit(run())

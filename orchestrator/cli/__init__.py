@@ -59,6 +59,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def run() -> int:
+    """The program's entry (``python -m orchestrator``, the ``orchestrator`` script): ``main``,
+    with SIGTERM and Ctrl-C unwinding the command (its ``finally`` blocks remove what it made:
+    the local cloud's VMs, an emulated cloud) and ending it with one line, no traceback."""
+    import signal
+
+    def terminated(signum, frame):
+        raise SystemExit(128 + signum)  # unwinds like Ctrl-C, so cleanups run
+
+    signal.signal(signal.SIGTERM, terminated)
+    try:
+        return main()
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit code."""
     args = build_parser().parse_args(argv)

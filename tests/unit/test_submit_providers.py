@@ -122,3 +122,39 @@ def test_jobs_live_in_one_home_per_user_whatever_the_folder(monkeypatch, tmp_pat
     assert jobs_home() == tmp_path / "me" / ".orchestrator" / "jobs"
     monkeypatch.setenv("GEO_ORCHESTRATOR_HOME", str(tmp_path / "shared"))
     assert jobs_home() == tmp_path / "shared" / "jobs"
+
+
+def test_the_program_ends_on_ctrl_c_and_sigterm_with_one_line_and_its_cleanups(monkeypatch, capsys):
+    import os
+    import signal
+
+    import orchestrator.cli as cli
+
+    cleaned = []
+
+    def interrupted():
+        try:
+            raise KeyboardInterrupt
+        finally:
+            cleaned.append("ctrl-c")
+
+    monkeypatch.setattr(cli, "main", interrupted)
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        assert cli.run() == 130
+        assert capsys.readouterr().err.strip() == "interrupted"
+
+        def terminated():
+            try:
+                os.kill(os.getpid(), signal.SIGTERM)  # the handler runs before the next line
+                return 0
+            finally:
+                cleaned.append("sigterm")
+
+        monkeypatch.setattr(cli, "main", terminated)
+        with pytest.raises(SystemExit) as ended:
+            cli.run()
+        assert ended.value.code == 128 + signal.SIGTERM
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert cleaned == ["ctrl-c", "sigterm"]  # the finally blocks ran both times
