@@ -324,22 +324,20 @@ class Provisioner(abc.ABC):
         """Every VM of this cloud not yet terminated that carries label ``key`` (any value),
         whoever launched it: what ``status --all`` and ``down`` see (every region the adapter is
         configured for)."""
-        self.require(Feature.LIST_LABELLED, call="labelled")
-        raise Unsupported(
-            "this adapter lists no VMs by label yet",
-            cloud=self.cloud,
-            call="labelled",
-            fix="list them in the cloud's console by the label (tag) geo-job",
-        )
+        raise self._unlabelled("labelled", "lists")
 
     def terminate_labelled(self, vms: Sequence[LabelledVm]) -> None:
         """Terminate VMs ``labelled`` found (ids gone meanwhile are ignored)."""
-        self.require(Feature.LIST_LABELLED, call="terminate_labelled")
-        raise Unsupported(
-            "this adapter terminates no VMs by label yet",
+        raise self._unlabelled("terminate_labelled", "terminates")
+
+    def _unlabelled(self, call: str, verb: str) -> Unsupported:
+        """What an adapter without the label sweep says: its declared reason, or that it has none."""
+        self.require(Feature.LIST_LABELLED, call=call)
+        return Unsupported(
+            f"this adapter {verb} no VMs by label yet",
             cloud=self.cloud,
-            call="terminate_labelled",
-            fix="terminate them in the cloud's console (label geo-job)",
+            call=call,
+            fix="look them up in the cloud's console by the label (tag) geo-job",
         )
 
     def close(self) -> None:  # noqa: B027 (optional hook: most adapters hold nothing to stop)

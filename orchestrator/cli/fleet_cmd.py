@@ -91,15 +91,12 @@ def fleet_rows(answers: list[Asked], *, now_s: float) -> list[dict]:
 def run_fleet_status(args: argparse.Namespace) -> int:
     answers = ask_clouds()
     rows = fleet_rows(answers, now_s=time.time())
-    skipped = {a.cloud: a.skipped for a in answers if a.skipped}
     if args.json:
-        print_json({"vms": rows, "clouds_not_asked": skipped})
+        print_json({"vms": rows, "clouds_not_asked": _not_asked(answers)})
         return 0
-    for cloud, why in skipped.items():
-        print(f"{cloud}: not asked: {why}", file=sys.stderr)
-    asked = [a.cloud for a in answers if not a.skipped]
+    asked = _say_not_asked(answers)
     if not rows:
-        print(f"no VM labelled {JOB_LABEL} on {', '.join(asked) or 'any cloud asked'}")
+        print(f"no VM labelled {JOB_LABEL} on {asked}")
         return 0
     keys = ("place", "vm", "type", "state", "job", "lease_ends", "expired")
     print(format_table(keys, [tuple(r[k] for k in keys) for r in rows]))
@@ -140,20 +137,27 @@ def run_down(args: argparse.Namespace, catalog) -> int:
         if mine:
             answer.adapter.terminate_labelled(mine)
             ended += fleet_rows([Asked(answer.cloud, mine)], now_s=time.time())
-    skipped = {a.cloud: a.skipped for a in answers if a.skipped}
     if args.json:
-        print_json({"terminated": ended, "clouds_not_asked": skipped})
+        print_json({"terminated": ended, "clouds_not_asked": _not_asked(answers)})
         return 0
-    for cloud, why in skipped.items():
-        print(f"{cloud}: not asked: {why}", file=sys.stderr)
+    asked = _say_not_asked(answers)
     if not ended:
-        print(
-            f"no VM of job {args.job} on {', '.join(a.cloud for a in answers if not a.skipped) or 'any cloud asked'}"
-        )
+        print(f"no VM of job {args.job} on {asked}")
         return 0
     for row in ended:
         print(f"terminated {row['vm']} ({row['type']}) in {row['place']}")
     return 0
+
+
+def _not_asked(answers: list[Asked]) -> dict[str, str]:
+    return {a.cloud: a.skipped for a in answers if a.skipped}
+
+
+def _say_not_asked(answers: list[Asked]) -> str:
+    """A line per cloud not asked (stderr); the clouds asked, for the summary line."""
+    for cloud, why in _not_asked(answers).items():
+        print(f"{cloud}: not asked: {why}", file=sys.stderr)
+    return ", ".join(a.cloud for a in answers if not a.skipped) or "any cloud asked"
 
 
 def _same_job(label: str, job: str) -> bool:

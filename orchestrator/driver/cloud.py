@@ -257,8 +257,6 @@ def run_on_emulated_cloud(
             "every instance boots as a namespace VM from its boot script",
             file=sys.stderr,
         )
-        halt = f"PYTHONPATH={shlex.quote(str(vms.package_root()))} {sys.executable} -m "
-        halt += "provisioners.local.netns halt-self"
         cloud = CloudSpec(
             provider=recipe.provider,
             regions=regions,
@@ -268,7 +266,7 @@ def run_on_emulated_cloud(
             install=cluster.install,
             nodes_dir=str(folder / "nodes"),
             ray_env=tuple(vms.RAY_ENV.items()),
-            shutdown_command=halt,
+            shutdown_command=halt_self_command(),
             grace_s=recipe.recovery.controller_grace_s,
             node_label=vms.NODE_LABEL,
             api_token=getattr(emulator, "token", None),
@@ -334,6 +332,14 @@ def _emulator(recipe, cluster, folder: Path, regions, refusals):
 
     book = spot_price_book(default_catalog(), provider, regions)
     return EmulatedAws(**common, regions=regions, spot_usd_per_hour=book, refusals=refusals)
+
+
+def halt_self_command() -> str:
+    """What an emulated VM runs to power itself off (its namespace goes, as a VM's power)."""
+    from provisioners.local import vms
+
+    halt = f"PYTHONPATH={shlex.quote(str(vms.package_root()))} {sys.executable} -m "
+    return halt + "provisioners.local.netns halt-self"
 
 
 def _emulated_credentials() -> dict[str, str]:

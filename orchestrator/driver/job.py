@@ -164,29 +164,23 @@ def _run_locked(recipe: Recipe, recipe_path: Path, folder: Path, options: RunOpt
         preempt_driver_at=(*options.preempt_driver_at, *local.preempt_driver_at_steps),
         lose_at=options.lose_at,
     )
-    from orchestrator.driver.local import run_on_local_cloud
-
     started = time.monotonic()
+    world = {
+        "folder": folder,
+        "recipe_path": recipe_path,
+        "notice_s": options.notice_s,
+        "on_step": options.on_step,
+    }
     if options.emulate:
         from orchestrator.driver.cloud import run_on_emulated_cloud
 
         final, choice = run_on_emulated_cloud(
-            spec,
-            folder=folder,
-            recipe_path=recipe_path,
-            notice_s=options.notice_s,
-            on_step=options.on_step,
-            refusals=dict(options.emulated_refusals),
+            spec, **world, refusals=dict(options.emulated_refusals)
         )
     else:
-        final, choice = run_on_local_cloud(
-            spec,
-            folder=folder,
-            recipe_path=recipe_path,
-            vms=options.vms,
-            notice_s=options.notice_s,
-            on_step=options.on_step,
-        )
+        from orchestrator.driver.local import run_on_local_cloud
+
+        final, choice = run_on_local_cloud(spec, **world, vms=options.vms)
     return RunResult(final, folder, time.monotonic() - started, choice)
 
 

@@ -16,10 +16,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import re
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -37,6 +35,7 @@ from provisioners.azure.vm import (
     read_status,
     throwaway_public_key,
     vm_body,
+    vm_name,
 )
 from provisioners.base import (
     BOOTSTRAP_INSTALL_S,
@@ -393,7 +392,7 @@ class AzureProvisioner(Provisioner):
     def _track(
         self, request: LaunchRequest, region: str, zone: str | None, index: int, gpus: int
     ) -> _Tracked:
-        name = _vm_name(request.gang, index)
+        name = vm_name(request.gang, index)
         node = Node(
             node_id=name,
             gang=request.gang,
@@ -581,12 +580,6 @@ def _loss_reason(tracked: _Tracked, status: VmStatus | None) -> str | None:
     if status.failed:
         return "failed"
     return None
-
-
-def _vm_name(gang: str, index: int) -> str:
-    """A VM name Azure accepts (letters, digits, hyphens; <= 64), unique across relaunches."""
-    base = re.sub(r"[^a-z0-9-]+", "-", gang.lower()).strip("-")[:40] or "gang"
-    return f"{base}-{uuid.uuid4().hex[:6]}-{index}"
 
 
 def _default_credential() -> Any:

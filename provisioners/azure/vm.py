@@ -8,6 +8,8 @@ capacity, never for price). Its NIC and OS disk are deleted with it.
 
 from __future__ import annotations
 
+import re
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -157,3 +159,9 @@ def read_status(statuses: Sequence[Any] | None) -> VmStatus:
         elif kind == "powerstate":
             power = value
     return VmStatus(provisioning, power, tuple(codes), message)
+
+
+def vm_name(gang: str, index: int) -> str:
+    """A VM name Azure accepts (letters, digits, hyphens; <= 64), unique across relaunches."""
+    base = re.sub(r"[^a-z0-9-]+", "-", gang.lower()).strip("-")[:40] or "gang"
+    return f"{base}-{uuid.uuid4().hex[:6]}-{index}"

@@ -16,6 +16,7 @@ Nothing waits by sleeping: the loop waits on its stop event with the look period
 
 from __future__ import annotations
 
+import abc
 import logging
 import os
 import subprocess
@@ -174,7 +175,7 @@ class Booter:
                 self._remove(instance_id)
 
 
-class EmulatedCloud:
+class EmulatedCloud(abc.ABC):
     """What every emulated cloud shares: its booter, and the cloud's own decisions and views
     delegated to it. A subclass lists its API's instances (``_seen``), makes a VM's metadata
     service (``_metadata``) and tells its API when a VM went (``_ended``)."""
@@ -193,14 +194,17 @@ class EmulatedCloud:
             name=self.name,
         )
 
+    @abc.abstractmethod
     def _seen(self) -> list[Seen]:
-        raise NotImplementedError
+        """The API's instances now."""
 
+    @abc.abstractmethod
     def _metadata(self, vm: netns.Vm, seen: Seen) -> object:
-        raise NotImplementedError
+        """The metadata service of a VM just booted (``.notice(at_s)``, ``.close()``)."""
 
+    @abc.abstractmethod
     def _ended(self, instance_id: str, why: str) -> None:
-        raise NotImplementedError
+        """Tell the API an instance's VM went (``shutdown``, ``reclaimed``, ``lost``)."""
 
     def interrupt(self, instance_id: str, *, notice_s: float) -> None:
         self.booter.interrupt(instance_id, notice_s=notice_s)

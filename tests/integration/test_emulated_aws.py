@@ -7,8 +7,6 @@ loss. Needs root, iproute2, nftables, wireguard-go and moto's server; skipped el
 
 from __future__ import annotations
 
-import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -84,10 +82,8 @@ def world(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
 
 def _cloud(cluster, folder: Path):
     """The controller's side as submit --emulate makes it (orchestrator/driver/cloud.py)."""
-    from orchestrator.driver.cloud import CloudSpec
+    from orchestrator.driver.cloud import CloudSpec, halt_self_command
 
-    halt = f"PYTHONPATH={shlex.quote(str(vms.package_root()))} {sys.executable} -m "
-    halt += "provisioners.local.netns halt-self"
     return CloudSpec(
         provider="aws",
         regions=(REGION,),
@@ -97,7 +93,7 @@ def _cloud(cluster, folder: Path):
         install=cluster.install,
         nodes_dir=str(folder),
         ray_env=tuple(vms.RAY_ENV.items()),
-        shutdown_command=halt,
+        shutdown_command=halt_self_command(),
         grace_s=30.0,
         node_label=vms.NODE_LABEL,
     )
