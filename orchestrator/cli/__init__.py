@@ -14,6 +14,7 @@ from pathlib import Path
 from orchestrator.catalog import Catalog, default_catalog
 from orchestrator.cli import (
     catalog_cmd,
+    emulate_cmd,
     fleet_cmd,
     jobs_cmd,
     plan_cmd,
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     submit_cmd.add_submit(commands, _Formatter)
     jobs_cmd.add_jobs(commands, _Formatter)
     fleet_cmd.add_down(commands, _Formatter)
+    emulate_cmd.add_emulate(commands, _Formatter)
     return parser
 
 

@@ -48,6 +48,7 @@ def ask_clouds(clouds=CLOUDS, *, create=None) -> list[Asked]:
     """Every cloud's VMs with a ``geo-job`` label; ``create``: the adapter factory (tests)."""
     from provisioners.base import CredentialsMissing, ProvisionerError, SdkMissing, Unsupported
 
+    real = create is None
     if create is None:
         from provisioners.registry import create
     answers = []
@@ -62,6 +63,26 @@ def ask_clouds(clouds=CLOUDS, *, create=None) -> list[Asked]:
             answers.append(Asked(cloud, [], skipped=f"{what}; fix: {error.fix.split(', or ')[0]}"))
         except ProvisionerError as error:  # the cloud answered with an error: say which call
             answers.append(Asked(cloud, [], skipped=f"{error.call}: {error.message}"))
+    return answers + (_ask_emulated() if real else [])
+
+
+def _ask_emulated() -> list[Asked]:
+    """The standing emulated clouds (``emulate up``), asked as their providers are."""
+    from orchestrator.driver import standing
+    from orchestrator.driver.cloud import standing_adapter
+    from provisioners.base import ProvisionerError
+
+    answers = []
+    for provider in standing.PROVIDERS:
+        registration = standing.find(provider)
+        if registration is None:
+            continue
+        name = f"emulated {provider}"
+        try:
+            adapter = standing_adapter(registration)
+            answers.append(Asked(name, adapter.labelled(JOB_LABEL), adapter=adapter))
+        except ProvisionerError as error:
+            answers.append(Asked(name, [], skipped=f"{error.call}: {error.message}"))
     return answers
 
 

@@ -80,8 +80,10 @@ def add_submit(commands: argparse._SubParsersAction, formatter: type) -> None:
     p.add_argument(
         "--emulate",
         action="store_true",
-        help="run a cloud provider's recipe (aws) on its emulation: moto's API, each instance "
-        "booted as a namespace VM from its user-data (needs root)",
+        help="run a cloud provider's recipe (aws, gcp, azure) on its emulation (needs root): the "
+        "provider's API (moto's server, the GCP and Azure fakes) stands in a process of its own "
+        "(python -m orchestrator emulate), each instance boots as a namespace VM from its boot "
+        "script, and the job's controller runs in a VM there: Ctrl-C leaves the job running",
     )
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(run=run_submit)
@@ -99,6 +101,7 @@ def run_submit(args: argparse.Namespace, catalog: Catalog) -> int:
         from_scratch=args.from_scratch,
         vms=args.vms,
         emulate=args.emulate,
+        controller_vm=args.emulate,
     )
     try:
         result = run_job(args.recipe, catalog, options)
@@ -110,12 +113,14 @@ def run_submit(args: argparse.Namespace, catalog: Catalog) -> int:
 
 
 class _Progress:
-    """One line, rewritten in place on a terminal; every 10th step otherwise."""
+    """One line, rewritten in place on a terminal; otherwise a line each time the job passes a
+    10th step (a follower that reads the job's state now and then may not see every step)."""
 
     def __init__(self, *, quiet: bool) -> None:
         self.quiet = quiet
         self.tty = sys.stderr.isatty()
         self.marks: list[tuple[float, int]] = []
+        self.printed = -1
 
     def show(self, state: JobState, result: StepResult) -> None:
         now = time.monotonic()
@@ -123,8 +128,9 @@ class _Progress:
         (t0, s0), rate = self.marks[0], 0.0
         if now > t0 and state.step > s0:
             rate = (state.step - s0) / (now - t0)
-        if self.quiet or (not self.tty and state.step % 10):
+        if self.quiet or (not self.tty and state.step // 10 <= self.printed // 10):
             return
+        self.printed = state.step
         eta = (state.steps_total - state.step) / rate if rate else float("nan")
         spent = state.compute_usd + state.egress_usd
         samples_per_s = rate * state.global_batch_size

@@ -109,7 +109,19 @@ def build_driver(
         ),
         state=state,
         on_step=stepped,
-        stop_requested=(store.folder / STOP_FILE).exists,
+        stop_requested=lambda: _stop_asked(store.folder),
         own_node=own_node,
     )
     return driver
+
+
+def _stop_asked(folder: Path) -> str | None:
+    """Who asks the job to stop: its user (``stop``), or its controller VM shutting down (the
+    next controller resumes the job: controller.py)."""
+    from orchestrator.driver.controller import LEAVE_FILE
+
+    if (folder / STOP_FILE).exists():
+        return "asked to stop"
+    if (folder / LEAVE_FILE).exists():
+        return "its controller VM shuts down: the next controller resumes the job"
+    return None

@@ -69,52 +69,109 @@ def cloud_provisioner(cloud: CloudSpec, *, job: str):
             field="provider",
             fix="write provider: aws, gcp or azure, or plan and simulate for this provider",
         )
-    inner = _adapter(cloud)
+    inner = adapter_for(cloud)
     return JoinedProvisioner(
         inner, job=job, link=controller_link(cloud), boot_for=node_boot(cloud, job), lease_s=LEASE_S
     )
 
 
-def _adapter(cloud: CloudSpec):
+def adapter_for(cloud: CloudSpec):
     """The provider's adapter, at the emulated API when there is one."""
-    if cloud.provider == "gcp":
+    return _adapter_at(
+        cloud.provider,
+        regions=cloud.regions,
+        endpoint_url=cloud.endpoint_url,
+        api_token=cloud.api_token,
+        account=cloud.account,
+    )
+
+
+def _adapter_at(
+    provider: str,
+    *,
+    regions: tuple[str, ...],
+    endpoint_url: str | None,
+    api_token: str | None,
+    account: str | None,
+    aws_session=None,
+):
+    if provider == "gcp":
         from provisioners.gcp import GcpProvisioner
 
-        if cloud.endpoint_url is None:
-            return GcpProvisioner(project=cloud.account, regions=cloud.regions)
-        assert cloud.api_token is not None and cloud.account is not None
+        if endpoint_url is None:
+            return GcpProvisioner(project=account, regions=regions)
+        assert api_token is not None and account is not None
         return GcpProvisioner.at_endpoint(
-            cloud.endpoint_url, token=cloud.api_token, project=cloud.account, regions=cloud.regions
+            endpoint_url, token=api_token, project=account, regions=regions
         )
-    if cloud.provider == "azure":
+    if provider == "azure":
         from provisioners.azure import AzureProvisioner
 
-        if cloud.endpoint_url is None:
-            return AzureProvisioner(subscription_id=cloud.account, locations=cloud.regions)
+        if endpoint_url is None:
+            return AzureProvisioner(subscription_id=account, locations=regions)
         from provisioners.emulated.azure import SUBNET
         from provisioners.emulated.azure_api import FakeCredential, RelayTransport
 
         return AzureProvisioner(
-            subscription_id=cloud.account,
-            locations=cloud.regions,
-            credential=FakeCredential(cloud.api_token),
-            client_kwargs={"transport": RelayTransport(cloud.endpoint_url)},
+            subscription_id=account,
+            locations=regions,
+            credential=FakeCredential(api_token),
+            client_kwargs={"transport": RelayTransport(endpoint_url)},
             poll_interval_s=0.5,
             subnet_id=SUBNET,
         )
     from provisioners.aws import AwsProvisioner
 
     emulated = {}
-    if cloud.endpoint_url is not None:
+    if endpoint_url is not None:
         # moto has neither the Pricing API nor placement scores: spot prices are the market
         emulated = {
-            "endpoint_url": cloud.endpoint_url,
+            "endpoint_url": endpoint_url,
             "ami_ssm_parameter": EMULATED_AMI_PARAMETER,
             "placement_scores": False,
             "on_demand_prices": False,
             "poll_interval_s": 0.5,
+            **({"session_factory": aws_session} if aws_session else {}),
         }
-    return AwsProvisioner(regions=cloud.regions, **emulated)
+    return AwsProvisioner(regions=regions, **emulated)
+
+
+class InNamespace:
+    """An adapter whose every call runs inside a namespace (a standing emulated cloud's API
+    listens on its simulated internet, which this machine's own network does not reach)."""
+
+    def __init__(self, adapter, netns_name: str) -> None:
+        self._adapter, self._netns = adapter, netns_name
+
+    def __getattr__(self, name: str):
+        from provisioners.local import netns
+
+        attribute = getattr(self._adapter, name)
+        if not callable(attribute):
+            return attribute
+        return lambda *args, **kwargs: netns.in_namespace(
+            self._netns, lambda: attribute(*args, **kwargs)
+        )
+
+
+def standing_adapter(registration) -> InNamespace:
+    """The provider's adapter at a standing emulated cloud's API (standing.py), with keys made
+    for the call (the emulation checks none) where the SDK wants some."""
+
+    def aws_session():
+        from provisioners.aws.sdk import keyed_session
+
+        return keyed_session(emulated_credentials())
+
+    adapter = _adapter_at(
+        registration.provider,
+        regions=registration.regions,
+        endpoint_url=registration.endpoint,
+        api_token=registration.token,
+        account=registration.account,
+        aws_session=aws_session,
+    )
+    return InNamespace(adapter, registration.api_netns)
 
 
 def controller_link(cloud: CloudSpec):
@@ -211,6 +268,28 @@ def spot_price_book(catalog, provider: str, regions) -> dict[tuple[str, str], fl
     return book
 
 
+def check_emulation(provider: str | None, *, recipe_path: Path | None = None) -> None:
+    """UserError unless ``provider`` has an emulation and this machine can boot its VMs
+    (``provider`` None: only the latter)."""
+    from provisioners.local import vms
+
+    where = {"file": str(recipe_path)} if recipe_path is not None else {}
+    if provider is not None and provider not in EMULATED:
+        raise UserError(
+            f"submit --emulate boots {', '.join(EMULATED)} in this version, not {provider}",
+            **where,
+            field="provider",
+            fix="write provider: aws, gcp or azure, or plan and simulate for this provider",
+        )
+    reason = vms.unsupported_reason()
+    if reason is not None:
+        raise UserError(
+            f"an emulated cloud boots each VM as a network namespace: {reason}",
+            **where,
+            fix="run as root on Linux with iproute2, nftables and wireguard-go",
+        )
+
+
 def run_on_emulated_cloud(
     spec, *, folder: Path, recipe_path: Path, notice_s: float | None, on_step, refusals=None
 ):
@@ -221,20 +300,7 @@ def run_on_emulated_cloud(
     from provisioners.local import vms
 
     recipe = spec.recipe
-    if recipe.provider not in EMULATED:
-        raise UserError(
-            f"submit --emulate boots {', '.join(EMULATED)} in this version, not {recipe.provider}",
-            file=str(recipe_path),
-            field="provider",
-            fix="write provider: aws, gcp or azure, or plan and simulate for this provider",
-        )
-    reason = vms.unsupported_reason()
-    if reason is not None:
-        raise UserError(
-            f"the emulated cloud boots each instance as a network namespace VM: {reason}",
-            file=str(recipe_path),
-            fix="run as root on Linux with iproute2, nftables and wireguard-go",
-        )
+    check_emulation(recipe.provider, recipe_path=recipe_path)
     regions = tuple(sorted({loc.split("/")[1] for loc in recipe.constraints.locations}))
     if not regions:
         raise UserError(
@@ -250,7 +316,14 @@ def run_on_emulated_cloud(
     ray_temp_root = tempfile.mkdtemp(prefix="geo-ray-")  # short: Ray's socket paths live under it
     try:
         address = cluster.address  # the controller VM: overlay join service and Ray head
-        emulator = _emulator(recipe, cluster, folder, regions, refusals)
+        emulator = emulator_for(
+            recipe.provider,
+            internet=cluster.internet,
+            folder=folder / "instances",
+            refusals=refusals,
+            regions=regions,
+            gpu_types=recipe.constraints.gpu_types or None,
+        )
         endpoint = emulator.start()
         print(
             f"emulated {recipe.provider}: its API at {endpoint} on the job's simulated internet; "
@@ -290,7 +363,7 @@ def run_on_emulated_cloud(
             address=address,
             controller=lambda: None,  # the head, in the controller VM
             on_step=on_step,
-            env=_emulated_credentials() if recipe.provider == "aws" else None,
+            env=emulated_credentials() if recipe.provider == "aws" else None,
         )
     finally:
         if emulator is not None:
@@ -299,13 +372,30 @@ def run_on_emulated_cloud(
         shutil.rmtree(ray_temp_root, ignore_errors=True)
 
 
-def _emulator(recipe, cluster, folder: Path, regions, refusals):
-    """The provider's emulation on the job's simulated internet (not started yet)."""
+def emulator_for(
+    provider: str,
+    *,
+    internet,
+    folder: Path,
+    refusals=None,
+    regions: tuple[str, ...] | None = None,
+    gpu_types: tuple[str, ...] | None = None,
+):
+    """The provider's emulation on ``internet`` (not started yet), reporting the catalog's
+    published prices in ``regions`` for ``gpu_types`` (None: every one the catalog lists)."""
     from orchestrator.catalog import default_catalog
     from provisioners.local import vms
 
-    provider = recipe.provider
-    common = {"internet": cluster.internet, "folder": folder / "instances", "vm_env": vms._vm_env()}
+    offers = [
+        o
+        for o in default_catalog().offers.offers
+        if o.location.cloud == provider
+        and (regions is None or o.location.region in regions)
+        and (gpu_types is None or o.gpu in gpu_types)
+    ]
+    if regions is None:
+        regions = tuple(sorted({o.location.region for o in offers}))
+    common = {"internet": internet, "folder": folder, "vm_env": vms._vm_env()}
     if provider == "gcp":
         from provisioners.emulated.gcp import EmulatedGcp
 
@@ -313,7 +403,7 @@ def _emulator(recipe, cluster, folder: Path, regions, refusals):
     if provider == "azure":
         from provisioners.emulated.azure import EmulatedAzure
 
-        sizes = {  # the catalog's sizes of the recipe's GPUs there, at its published prices
+        sizes = {  # the catalog's sizes there, at its published prices
             (o.location.region, o.instance_type): (
                 o.gpus_per_node,
                 int(o.vcpus),
@@ -321,11 +411,8 @@ def _emulator(recipe, cluster, folder: Path, regions, refusals):
                 o.on_demand_usd_per_hour,
                 o.spot_usd_per_hour,
             )  # fmt: skip
-            for o in default_catalog().offers.offers
-            if o.location.cloud == "azure"
-            and o.location.region in regions
-            and o.gpu in recipe.constraints.gpu_types
-            and o.spot_usd_per_hour is not None
+            for o in offers
+            if o.spot_usd_per_hour is not None
         }
         return EmulatedAzure(**common, sizes=sizes, refusals=refusals)
     from provisioners.emulated.aws import EmulatedAws
@@ -342,7 +429,7 @@ def halt_self_command() -> str:
     return halt + "provisioners.local.netns halt-self"
 
 
-def _emulated_credentials() -> dict[str, str]:
+def emulated_credentials() -> dict[str, str]:
     """Keys for the emulated API, made per job (moto accepts any): the driver's SDK chain finds
     them in its environment, and nothing of the user's own configuration is read."""
     return {

@@ -69,6 +69,9 @@ class RunOptions:
     emulate: bool = False
     # the emulated cloud's refusals: (zone or region, EC2 error code), e.g. no capacity there
     emulated_refusals: tuple[tuple[str, str], ...] = ()
+    # emulate: the job's controller (Ray head, driver) in a VM of the standing emulated cloud
+    # (standing.py, controller.py), which goes on when this process goes; False: in this process
+    controller_vm: bool = False
 
 
 @dataclass(frozen=True)
@@ -131,14 +134,45 @@ def run_job(recipe_path: Path, catalog: Catalog, options: RunOptions) -> RunResu
             fix="add --emulate to train on an emulated cloud (aws), or write provider: local",
         )
     folder = job_folder(recipe, recipe_path, options.jobs_dir)
+    if options.emulate and options.controller_vm:
+        from orchestrator.driver.remote import run_with_controller
+
+        return run_with_controller(recipe, recipe_path, folder, options)
     with JobLock.acquire(folder, job=folder.name):  # one running driver per job
         return _run_locked(recipe, recipe_path, folder, options)
 
 
 def _run_locked(recipe: Recipe, recipe_path: Path, folder: Path, options: RunOptions) -> RunResult:
+    recipe, spec = prepare(recipe, recipe_path, folder, options)
+    started = time.monotonic()
+    world = {
+        "folder": folder,
+        "recipe_path": recipe_path,
+        "notice_s": options.notice_s,
+        "on_step": options.on_step,
+    }
+    if options.emulate:
+        from orchestrator.driver.cloud import run_on_emulated_cloud
+
+        final, choice = run_on_emulated_cloud(
+            spec, **world, refusals=dict(options.emulated_refusals)
+        )
+    else:
+        from orchestrator.driver.local import run_on_local_cloud
+
+        final, choice = run_on_local_cloud(spec, **world, vms=options.vms)
+    return RunResult(final, folder, time.monotonic() - started, choice)
+
+
+def prepare(
+    recipe: Recipe, recipe_path: Path, folder: Path, options: RunOptions
+) -> tuple[Recipe, DriverSpec]:
+    """Ready the job's folder for a driver (with the job's lock held): its profile, its signing
+    key, its state (new, resumed, or planned again after a stop); the recipe as the driver
+    reads it and the driver's spec."""
     from orchestrator.driver.local import measured_here
 
-    recipe = _absolute_paths(measured_here(recipe, folder))
+    recipe = absolute_paths(measured_here(recipe, folder))
     (folder / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier run
     signing_key(folder)  # made now, in the submitting user's folder, with its owner's rights
     if recipe.training.optimizer.grad_clip_norm is not None:
@@ -164,24 +198,7 @@ def _run_locked(recipe: Recipe, recipe_path: Path, folder: Path, options: RunOpt
         preempt_driver_at=(*options.preempt_driver_at, *local.preempt_driver_at_steps),
         lose_at=options.lose_at,
     )
-    started = time.monotonic()
-    world = {
-        "folder": folder,
-        "recipe_path": recipe_path,
-        "notice_s": options.notice_s,
-        "on_step": options.on_step,
-    }
-    if options.emulate:
-        from orchestrator.driver.cloud import run_on_emulated_cloud
-
-        final, choice = run_on_emulated_cloud(
-            spec, **world, refusals=dict(options.emulated_refusals)
-        )
-    else:
-        from orchestrator.driver.local import run_on_local_cloud
-
-        final, choice = run_on_local_cloud(spec, **world, vms=options.vms)
-    return RunResult(final, folder, time.monotonic() - started, choice)
+    return recipe, spec
 
 
 def _check_credentials(provider: str, recipe_path: Path) -> None:
@@ -197,7 +214,7 @@ def _check_credentials(provider: str, recipe_path: Path) -> None:
         ) from None
 
 
-def _absolute_paths(recipe: Recipe) -> Recipe:
+def absolute_paths(recipe: Recipe) -> Recipe:
     """The driver actor runs in another process and folder: its paths must not be relative."""
     from orchestrator.driver.world import checkpoint_url
 

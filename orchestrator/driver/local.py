@@ -106,12 +106,22 @@ def local_vms(
 
 
 def serve_and_follow(
-    service, spec: DriverSpec, *, job: str, address: str, controller, on_step, env=None
+    service,
+    spec: DriverSpec,
+    *,
+    job: str,
+    address: str,
+    controller,
+    on_step,
+    env=None,
+    connected=None,
 ):
     """Join the cluster at ``address``, serve ``service`` (the local cloud's API, or an emulated
     provider's market) to the driver actor through the gateway, start the driver on the node
     ``controller()`` launches (None: wherever the ``controller`` resource is) and follow the job.
-    ``env``: the driver's environment's additions."""
+    ``env``: the driver's environment's additions; ``connected()``: called once this process
+    has joined the cluster (Ray's ``init`` sets its own SIGTERM handler: a caller replaces it
+    there)."""
     import ray
 
     from provisioners.local.gateway import serve, start_gateway
@@ -119,6 +129,8 @@ def serve_and_follow(
     stop, server, actor = threading.Event(), None, None
     try:
         ray.init(address=address, log_to_driver=False, namespace=NAMESPACE)
+        if connected is not None:
+            connected()
         node = controller()
         gateway = start_gateway(spec.gateway)
         server = threading.Thread(

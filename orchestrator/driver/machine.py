@@ -115,7 +115,8 @@ class Driver(Guards, Moves):
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         on_step: Callable[[JobState, StepResult], None] | None = None,
-        stop_requested: Callable[[], bool] = lambda: False,
+        # truthy when asked to stop (a str says who asks: the reason in the event log)
+        stop_requested: Callable[[], bool | str | None] = lambda: False,
         own_node: str | None = None,
     ) -> None:
         """``own_node``: the node the driver runs on, when it is one of the cloud's."""
@@ -333,10 +334,12 @@ class Driver(Guards, Moves):
                 return Phase.DONE
             if self._reconsider() or self._rebalance():  # moving: launch the new plan
                 return Phase.LAUNCH
-            if self.stop_requested():
+            asked = self.stop_requested()
+            if asked:
                 self._checkpoint("a stop request")
                 self._finish()
-                self._log("stopped", "released every node", "asked to stop")
+                why = asked if isinstance(asked, str) else "asked to stop"
+                self._log("stopped", "released every node", why)
                 return Phase.STOPPED
         self._checkpoint("the last step")
         self._finish()

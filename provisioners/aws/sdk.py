@@ -96,6 +96,18 @@ class _ScrubSdkLogs(logging.Filter):
 _SCRUB_SDK_LOGS = _ScrubSdkLogs()
 
 
+def keyed_session(keys: Mapping[str, str]) -> Any:
+    """A boto3 session with these keys (``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
+    ``AWS_DEFAULT_REGION``) and nothing of the machine's own configuration: an emulated API's
+    per-job keys."""
+    boto3 = import_boto3()
+    return boto3.session.Session(
+        aws_access_key_id=keys["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=keys["AWS_SECRET_ACCESS_KEY"],
+        region_name=keys["AWS_DEFAULT_REGION"],
+    )
+
+
 def guard_sdk_logs() -> None:
     """Put the scrubbing filter on every SDK logger that exists now. A filter on a parent logger
     does not see its children's records, so each one gets it; called whenever a client is made,

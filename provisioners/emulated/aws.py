@@ -36,6 +36,7 @@ ACCOUNT_ID = "123456789012"  # moto's default account
 
 class EmulatedAws(EmulatedCloud):
     name = "aws"
+    api_vm = API_VM  # the VM its API listens on
 
     def __init__(
         self,

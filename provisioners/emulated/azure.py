@@ -33,6 +33,7 @@ SUBNET = "/subscriptions/emulated/resourceGroups/net/providers/Microsoft.Network
 
 class EmulatedAzure(EmulatedCloud):
     name = "azure"
+    api_vm = API_VM  # the VM its API listens on
 
     def __init__(
         self,

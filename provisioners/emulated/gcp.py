@@ -30,6 +30,7 @@ API_PORT = 80
 
 class EmulatedGcp(EmulatedCloud):
     name = "gcp"
+    api_vm = API_VM  # the VM its API listens on
 
     def __init__(
         self,

@@ -48,7 +48,8 @@ def _recipe(tmp_path, provider: str):
     return recipe
 
 
-@pytest.mark.parametrize("provider", ["aws", "gcp", "azure"])
+# aws: test_controller_vm.py, the same through a controller VM of a standing emulated cloud
+@pytest.mark.parametrize("provider", ["gcp", "azure"])
 def test_a_job_trains_on_the_emulated_cloud_through_a_reclaim(tmp_path, monkeypatch, provider):
     from orchestrator.catalog import default_catalog
     from orchestrator.driver.job import RunOptions, run_job
@@ -66,8 +67,6 @@ def test_a_job_trains_on_the_emulated_cloud_through_a_reclaim(tmp_path, monkeypa
     notice = next(e for e in events if e["event"] == "preemption_notice")
     # the reclaimed instance's notice came from its own watcher (metadata -> drain -> notice)
     assert notice["reason"].startswith(f"node {chaos['details']['node']} ")
-    if provider == "aws":
-        assert chaos["details"]["node"].startswith("i-")  # an EC2 instance id
     # (a launch that failed before training, e.g. a node too slow to join on a loaded machine,
     # is an earlier loss and recovery of its own)
     heard = kinds.index("preemption_notice")
@@ -81,7 +80,7 @@ def test_a_job_trains_on_the_emulated_cloud_through_a_reclaim(tmp_path, monkeypa
             GCP_SPOT[request.instance_type]
             if provider == "gcp"
             else _catalog_spot(provider, region, request.instance_type)
-        )
+        )  # fmt: skip
         assert request.usd_per_node_hour == pytest.approx(expected)
     assert result.state.compute_usd > 0
     assert [

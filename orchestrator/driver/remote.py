@@ -1,0 +1,170 @@
+"""The submitting side of a job whose controller runs in a VM: launch it, follow it, relaunch it.
+
+``submit --emulate`` readies the job's folder (job.py ``prepare``: state, key, profile) while it
+holds the job's lock, writes the controller's launch (``controller.json``: the recipe, the chaos
+asked for, how to reach the cloud), lets the lock go and has the standing emulated cloud
+(standing.py; started when none stands) boot the controller VM (controller.py), which takes the
+lock and runs the job. From then on this process only follows, reading the job's state from its
+folder (the job's bucket) every ``FOLLOW_S``:
+
+- each newly committed step is shown;
+- the controller VM gone while the job is not over (killed, lost, shut down): a new one is booted
+  and resumes the job from its state (at most ``MAX_RELAUNCHES`` times in a row without
+  progress);
+- Ctrl-C or a killed submit leaves the job running: ``status``, ``logs`` and ``stop`` reach it from
+  any shell, and submitting the recipe again follows it (or relaunches its controller).
+
+A standing cloud this process started is taken down once it has followed the job to its end; one
+it found standing is left as it was.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from orchestrator.driver.job import RunOptions, RunResult, prepare
+from orchestrator.driver.lock import JobLock, holder
+from orchestrator.driver.machine import Choice, StepResult
+from orchestrator.driver.state import JobState, StateStore
+from orchestrator.errors import UserError
+from orchestrator.recipe.schema import Recipe
+
+FOLLOW_S = 1.0  # how often the job's state is read (a bucket is polled, not pushed)
+MAX_RELAUNCHES = 3  # controller VMs lost in a row with no step committed between them
+FINAL = ("done", "failed", "stopped")
+
+
+def run_with_controller(
+    recipe: Recipe, recipe_path: Path, folder: Path, options: RunOptions
+) -> RunResult:
+    from orchestrator.driver import standing
+    from orchestrator.driver.cloud import check_emulation
+
+    check_emulation(recipe.provider, recipe_path=recipe_path)
+    registration, started = standing.ensure(recipe.provider, refusals=options.emulated_refusals)
+    if started:
+        print(
+            f"emulated {recipe.provider}: started (its API at {registration.endpoint} on a "
+            "simulated internet; every instance boots as a namespace VM from its boot script)",
+            file=sys.stderr,
+        )
+    begun = time.monotonic()
+    try:
+        if holder(folder) is None:
+            _launch(recipe, recipe_path, folder, options, registration, first=True)
+        else:
+            print(f"job {folder.name} runs on its controller VM: following it", file=sys.stderr)
+        try:
+            final = _follow(registration, folder, options, recipe, recipe_path)
+        except KeyboardInterrupt:
+            print(
+                f"\njob {folder.name} goes on in its controller VM: "
+                f"`python -m orchestrator status {folder.name}` follows it, "
+                f"`python -m orchestrator stop {folder.name}` ends it",
+                file=sys.stderr,
+            )
+            started = False  # the job runs on there
+            raise
+    finally:
+        if started and (holder(folder) is None):
+            standing.stop(recipe.provider)
+    return RunResult(final, folder, time.monotonic() - begun, _plan(folder))
+
+
+def _launch(recipe, recipe_path, folder, options, registration, *, first: bool) -> None:
+    """Ready the job's folder and boot its controller VM."""
+    from dataclasses import asdict
+
+    from orchestrator.driver import standing
+    from orchestrator.driver.controller import LAUNCH_FILE, PLAN_FILE
+
+    with JobLock.acquire(folder, job=folder.name):
+        (folder / PLAN_FILE).unlink(missing_ok=True)  # an earlier controller's
+        ready, spec = prepare(recipe, recipe_path, folder, options if first else _again(options))
+        launch = {
+            "recipe_path": spec.recipe_path,
+            "profile": ready.model.profile,
+            "preempt_at": list(spec.preempt_at),
+            "preempt_location_at": list(spec.preempt_location_at),
+            "lose_at": list(spec.lose_at),
+            "notice_s": options.notice_s,
+            "cloud": asdict(registration),
+        }
+        path = folder / LAUNCH_FILE
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as handle:
+            json.dump(launch, handle)
+    from provisioners.local import vms
+
+    env = {**vms._vm_env(checkout=True), "RAY_AUTH_MODE": "disabled"}
+    argv = [sys.executable, "-m", "orchestrator.driver.controller", "--job-folder", str(folder)]
+    booted = standing.call(registration, "boot_controller", job=folder.name, argv=argv, env=env)
+    print(
+        f"job {folder.name}: controller VM {booted['vm']} ({booted['public_ip']}) boots; "
+        "the job goes on there if this process goes",
+        file=sys.stderr,
+    )
+
+
+def _again(options: RunOptions) -> RunOptions:
+    """A relaunch resumes: it never starts from scratch again."""
+    import dataclasses
+
+    return dataclasses.replace(options, from_scratch=False)
+
+
+def _follow(registration, folder: Path, options: RunOptions, recipe, recipe_path) -> JobState:
+    from orchestrator.driver import standing
+    from orchestrator.driver.controller import LEAVE_FILE
+
+    store, pause = StateStore(folder), threading.Event()
+    shown, lost_in_a_row, last_step = -1, 0, -1
+    while True:
+        state = store.load().state
+        if options.on_step is not None and state.step > shown and state.losses:
+            options.on_step(state, StepResult(loss=state.losses[-1]))
+        shown = max(shown, state.step)
+        try:
+            running = standing.call(registration, "controller", job=folder.name)
+        except (OSError, ValueError) as error:
+            raise UserError(
+                f"the emulated {registration.provider} cloud stopped answering: {error}",
+                file=str(Path(registration.folder) / "daemon.log"),
+                fix="read its log; `python -m orchestrator emulate up "
+                f"{registration.provider}` starts it again and submitting resumes the job",
+            ) from None
+        if running["state"] != "running" and holder(folder) is None:
+            state = store.load().state  # its last word
+            if state.phase in FINAL and not (folder / LEAVE_FILE).exists():
+                return state
+            lost_in_a_row = lost_in_a_row + 1 if state.step <= last_step else 1
+            last_step = state.step
+            if lost_in_a_row > MAX_RELAUNCHES:
+                raise UserError(
+                    f"job {folder.name}: {MAX_RELAUNCHES} controller VMs in a row ended with no "
+                    "step committed",
+                    file=str(folder / "controller" / "overlay.log"),
+                    fix="read the controller's console log under the emulated cloud's folder "
+                    "and the job's driver.log",
+                )
+            print(
+                f"\njob {folder.name}: its controller VM is gone at step {state.step} "
+                f"({state.phase}); booting a new one, which resumes the job from its state",
+                file=sys.stderr,
+            )
+            _launch(recipe, recipe_path, folder, options, registration, first=False)
+        pause.wait(FOLLOW_S)
+
+
+def _plan(folder: Path) -> Choice | None:
+    from orchestrator.driver.controller import PLAN_FILE
+
+    try:
+        return Choice.from_dict(json.loads((folder / PLAN_FILE).read_text()))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
