@@ -218,7 +218,9 @@ def node_boot(cloud: CloudSpec, job: str):
             labels={**spec.labels(), cloud.node_label: name},
             resources=spec.resources(),
             num_cpus=slots,
-            num_gpus=0,  # the emulated instances' GPUs are CPU slots standing in for them
+            # an emulated instance's GPUs are CPU slots standing in for them; a real one's are
+            # Ray GPUs, on which its workers train with CUDA (runtime/group.py place_devices)
+            num_gpus=0 if cloud.endpoint_url is not None else request.gpus_per_node,
             object_store_bytes=OBJECT_STORE_BYTES,
             grace_s=cloud.grace_s,
             notice_source=cloud.provider,
