@@ -35,6 +35,7 @@ class Feature(enum.Enum):
     PREEMPTION_NOTICE = "preemption notice before a node dies"
     LAUNCH = "launching nodes"
     LIST_LABELLED = "listing and terminating VMs by label, whoever launched them (leak sweeps)"
+    FIREWALL = "a firewall per job that admits only the overlay's port from the job's own nodes"
 
 
 class NodeState(enum.Enum):
@@ -168,6 +169,8 @@ class LaunchRequest:
     # run): node i of the answer ran script i. () boots the image as it is. A script holds a
     # one-use join token: a secret, never logged (repr hides it)
     boot_scripts: tuple[str, ...] = field(default=(), repr=False)
+    # the job's firewall the nodes go behind (None: the cloud's default for new VMs)
+    firewall: Firewall | None = None
 
     def __post_init__(self) -> None:
         assert self.count >= 1, "a gang has at least one node"
@@ -177,6 +180,17 @@ class LaunchRequest:
     @property
     def cloud(self) -> str:
         return self.infra.split("/")[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Firewall:
+    """What a job's VMs admit from the internet: the overlay's UDP ``port`` from ``sources`` (the
+    public addresses of the job's controller and nodes), nothing else (replies to what a VM
+    opened aside). The sources change as nodes come and go: ``Provisioner.open_overlay``."""
+
+    job: str
+    port: int
+    sources: tuple[str, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -329,6 +343,11 @@ class Provisioner(abc.ABC):
     def terminate_labelled(self, vms: Sequence[LabelledVm]) -> None:
         """Terminate VMs ``labelled`` found (ids gone meanwhile are ignored)."""
         raise self._unlabelled("terminate_labelled", "terminates")
+
+    def open_overlay(self, firewall: Firewall) -> None:
+        """Make the job's firewall admit exactly ``firewall.sources`` (where it has VMs)."""
+        self.require(Feature.FIREWALL, call="open_overlay")
+        raise NotImplementedError(f"{type(self).__name__} declares a firewall it does not make")
 
     def _unlabelled(self, call: str, verb: str) -> Unsupported:
         """What an adapter without the label sweep says: its declared reason, or that it has none."""

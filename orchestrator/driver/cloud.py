@@ -57,6 +57,7 @@ class CloudSpec:
     # emulated VMs share this machine's /tmp: each node's Ray files go in a folder of its own here
     ray_temp_root: str | None = None
     account: str | None = None  # GCP's project, Azure's subscription
+    public_ip: str | None = None  # the controller's: the job's firewall admits it
 
 
 def cloud_provisioner(cloud: CloudSpec, *, job: str):
@@ -177,16 +178,23 @@ def standing_adapter(registration) -> InNamespace:
 def controller_link(cloud: CloudSpec):
     from provisioners.bootstrap.joined import ControllerLink
     from provisioners.local.cluster import alive_nodes, preempted_nodes
-    from provisioners.overlay.service import admin_call
+    from provisioners.overlay.service import WG_PORT, admin_call
 
     def mint(name: str, ttl_s: float) -> str:
         return admin_call(cloud.admin_socket, {"op": "mint", "node": name, "ttl_s": ttl_s})["token"]
+
+    def endpoints() -> list[str]:
+        members = admin_call(cloud.admin_socket, {"op": "nodes"})["nodes"]
+        return [m["endpoint"].rsplit(":", 1)[0] for m in members if m.get("endpoint")]
 
     return ControllerLink(
         mint=mint,
         forget=lambda name: admin_call(cloud.admin_socket, {"op": "remove", "node": name}),
         joined=lambda: alive_nodes(cloud.ray_address, label=cloud.node_label),
         preempted=lambda: preempted_nodes(cloud.ray_address, label=cloud.node_label),
+        endpoints=endpoints,
+        public_ip=cloud.public_ip,
+        overlay_port=WG_PORT,
     )
 
 
@@ -348,6 +356,7 @@ def run_on_emulated_cloud(
             account=getattr(emulator, "project", None)
             or getattr(emulator, "subscription_id", None),
             ray_temp_root=ray_temp_root,
+            public_ip=cluster.internet.vms["controller"].public_ip,
         )
         from provisioners.registry import provisioner_class
 

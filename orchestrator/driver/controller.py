@@ -112,7 +112,7 @@ def _serve(folder: Path, launch: dict):
     service, head = None, None
     ray_temp_root = tempfile.mkdtemp(prefix="geo-ray-")  # short: Ray's socket paths live under it
     try:
-        service, overlay_ip, admin_socket = _start_overlay(folder.name, own)
+        service, overlay_ip, admin_socket, public_ip = _start_overlay(folder.name, own)
         install = vms.controller_install(vms.build_wheel(own / "wheel"))
         head = start_head(session_name(), 1, node_ip=overlay_ip)
         wanted = {loc.split("/")[1] for loc in recipe.constraints.locations if "/" in loc}
@@ -132,6 +132,7 @@ def _serve(folder: Path, launch: dict):
             api_token=registration.token,
             account=registration.account,
             ray_temp_root=ray_temp_root,
+            public_ip=public_ip,
         )
         _end_earlier_nodes(cloud, folder.name)
         spec = DriverSpec(
@@ -174,8 +175,9 @@ def _aws_keys() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
 
 
-def _start_overlay(job: str, own: Path) -> tuple[subprocess.Popen, str, Path]:
-    """The firewall, then the join service on this VM's public address; its overlay address."""
+def _start_overlay(job: str, own: Path) -> tuple[subprocess.Popen, str, Path, str]:
+    """The firewall, then the join service on this VM's public address; the service, its overlay
+    address, its admin socket and the public address."""
     import select
 
     from provisioners.bootstrap.script import firewall_rules
@@ -201,7 +203,7 @@ def _start_overlay(job: str, own: Path) -> tuple[subprocess.Popen, str, Path]:
     if not line:
         service.kill()
         raise RuntimeError(f"the overlay service did not start (see {own / 'overlay.log'})")
-    return service, json.loads(line)["controller_ip"], admin_socket
+    return service, json.loads(line)["controller_ip"], admin_socket, public_ip
 
 
 def _address_of(interface: str) -> str:

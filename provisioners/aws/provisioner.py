@@ -16,6 +16,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+from provisioners.aws import firewall as job_firewall
 from provisioners.aws import offers as market
 from provisioners.aws.instances import (
     ALIVE,
@@ -43,6 +44,7 @@ from provisioners.base import (
     CloudCallError,
     Event,
     Feature,
+    Firewall,
     LabelledVm,
     LaunchRequest,
     Node,
@@ -137,6 +139,7 @@ class AwsProvisioner(Provisioner):
         # facts that do not change while we run: GPU types per region, AMI per region, list prices
         self._gpu_types: dict[str, dict[str, market.GpuInstanceType]] = {}
         self._launched_types: dict[str, market.GpuInstanceType] = {}  # looked up at launch
+        self._groups: dict[str, str] = {}  # region -> the job's security group there
         self._images: dict[str, str] = {}
         self._on_demand: dict[tuple[str, str], float | None] = {}
         self._closed = threading.Event()  # set by close(); also what polling waits on
@@ -280,6 +283,8 @@ class AwsProvisioner(Provisioner):
         try:
             for count, script in batches:
                 params = self._run_params(request, zone, image, count=count, user_data=script)
+                if request.firewall is not None:
+                    params["SecurityGroupIds"] = [self._group(ec2, region, request.firewall)]
                 reply = call(ec2, "run_instances", **params)
                 ids += [i["InstanceId"] for i in reply["Instances"]]
             running = self._wait_running(ec2, ids, request)
@@ -318,6 +323,17 @@ class AwsProvisioner(Provisioner):
         if request.spot:
             params["InstanceMarketOptions"] = SPOT_MARKET
         return params
+
+    def _group(self, ec2: Any, region: str, firewall: Firewall) -> str:
+        """The job's security group in ``region``, its rules as ``firewall`` says."""
+        if region not in self._groups:
+            self._groups[region] = job_firewall.ensure_group(ec2, firewall)
+        job_firewall.sync(ec2, self._groups[region], firewall)
+        return self._groups[region]
+
+    def open_overlay(self, firewall: Firewall) -> None:
+        for region, group in self._groups.items():
+            job_firewall.sync(self._client("ec2", region), group, firewall)
 
     def _image(self, region: str) -> str:
         if self.config.image_id:

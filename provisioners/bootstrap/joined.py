@@ -8,6 +8,12 @@ SkyPilot run). The launch returns once every node runs *and* has joined the Ray 
 its ``geo-node`` label); a node that does not join in time fails the whole gang, which is then
 terminated, as the contract's all-or-nothing launch asks.
 
+Firewall: where the adapter makes one per job (``Feature.FIREWALL``: AWS security groups), the
+nodes launch behind it, and it admits the overlay's UDP port from the controller's public address
+and from every node that joined (the address the controller's overlay saw its join from), kept so
+after every launch and termination: no node is reachable from anywhere else, not even by
+WireGuard's handshake.
+
 Preemption notices: where the cloud announces a reclaim only on the node (EC2's instance
 metadata, GCE's ``preempted`` flag, Azure's Scheduled Events), the node's watcher drains its own
 Ray node with the notice's deadline; this wrapper turns a drain of one of its nodes into the
@@ -32,6 +38,7 @@ from provisioners.base import (
     CloudCallError,
     Event,
     Feature,
+    Firewall,
     LaunchRequest,
     Node,
     NodeState,
@@ -56,6 +63,10 @@ class ControllerLink:
     joined: Callable[[], dict[str, str]]  # Ray node id -> node name, of the nodes alive now
     # node name -> reclaim deadline (Unix s), of nodes drained for a preemption (even if gone)
     preempted: Callable[[], dict[str, float]]
+    # the public addresses the overlay saw its joined nodes at, and the controller's own
+    endpoints: Callable[[], list[str]] = lambda: []
+    public_ip: str | None = None
+    overlay_port: int = 51820
 
 
 # (node name, join token, the request) -> the node's boot: the caller knows how its nodes install,
@@ -109,7 +120,10 @@ class JoinedProvisioner(Provisioner):
                 scripts.append(render(self.boot_for(name, token, request)))
             expires = f"{time.time() + self.lease_s:.0f}"
             labels = (*request.labels, (JOB_LABEL, self.job), (EXPIRES_LABEL, expires))
-            nodes = self.inner.launch(replace(request, labels=labels, boot_scripts=tuple(scripts)))
+            request = replace(
+                request, labels=labels, boot_scripts=tuple(scripts), firewall=self._firewall()
+            )
+            nodes = self.inner.launch(request)
         except BaseException:
             self._forget(names)
             raise
@@ -124,7 +138,21 @@ class JoinedProvisioner(Provisioner):
         except BaseException:
             self.terminate([n.node_id for n in nodes])
             raise
+        self._open()  # the new nodes' addresses, now that the overlay saw them
         return nodes
+
+    def _firewall(self) -> Firewall | None:
+        """The job's firewall as it stands: None where the adapter makes none."""
+        if not self.inner.supports(Feature.FIREWALL):
+            return None
+        sources = {self.link.public_ip} if self.link.public_ip else set()
+        sources.update(self.link.endpoints())
+        return Firewall(job=self.job, port=self.link.overlay_port, sources=tuple(sorted(sources)))
+
+    def _open(self) -> None:
+        firewall = self._firewall()
+        if firewall is not None:
+            self.inner.open_overlay(firewall)
 
     def _wait_joined(
         self, request: LaunchRequest, nodes: dict[str, Node], *, deadline_s: float
@@ -171,6 +199,10 @@ class JoinedProvisioner(Provisioner):
     def terminate(self, node_ids: Sequence[str]) -> None:
         self.inner.terminate(node_ids)
         self._forget([self._names[i] for i in node_ids if i in self._names])
+        try:
+            self._open()  # those nodes' addresses are admitted no more
+        except CloudCallError as error:  # the next launch's firewall drops them, too
+            log.warning("firewall: %s", error)
 
     def _forget(self, names: Sequence[str]) -> None:
         for name in names:

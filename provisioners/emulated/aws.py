@@ -9,6 +9,8 @@ does, with an IMDSv2 metadata service of its own (imds.py). The two ends stay in
 - an instance terminated through the API loses its VM (every process in it at once);
 - a VM that shuts itself down (the bootstrap's failure path, the watcher's dead-man switch)
   leaves its instance terminated, reason ``Client.InstanceInitiatedShutdown``;
+- an instance's security groups stand in front of its VM as nftables rules, kept in step with the
+  API (a rule authorized or revoked changes them): what EC2 does not admit does not arrive;
 - ``interrupt`` is a spot reclaim: the VM's metadata shows ``spot/instance-action`` at once,
   and at the deadline the VM vanishes and the instance is terminated with reason
   ``Server.SpotInstanceTermination``, as EC2 does.
@@ -87,6 +89,7 @@ class EmulatedAws(EmulatedCloud):
         }
 
     def _seen(self) -> list[Seen]:
+        instances = self._instances()
         return [
             Seen(
                 instance_id=i.id,
@@ -94,9 +97,31 @@ class EmulatedAws(EmulatedCloud):
                 running=i.state in ("pending", "running"),
                 script=_user_data(i),
                 launch_index=int(getattr(i, "ami_launch_index", 0)),
+                ingress=self._ingress(i, instances),
             )
-            for i in self._instances().values()
+            for i in instances.values()
         ]
+
+    def _ingress(self, instance, instances: dict) -> tuple[tuple[str, int, int, str], ...]:
+        """What the instance's security groups admit, as EC2 applies them: a rule's CIDR, or
+        the addresses of the instances in the group it names (a group's default rule admits its
+        own members only)."""
+        rules = set()
+        for group in instance.security_groups:
+            for rule in group.ingress_rules:
+                first = rule.from_port if rule.from_port is not None else 0
+                last = rule.to_port if rule.to_port is not None else 65535
+                sources = [rule.ip_range["CidrIp"]] if rule.ip_range.get("CidrIp") else []
+                member_of = rule.source_group.get("GroupId")
+                if member_of:
+                    sources += [
+                        f"{vm.public_ip}/32"
+                        for other in instances.values()
+                        if any(g.id == member_of for g in other.security_groups)
+                        and (vm := self.vm_of(other.id)) is not None
+                    ]
+                rules.update((rule.ip_protocol or "-1", first, last, s) for s in sources)
+        return tuple(sorted(rules))
 
     @staticmethod
     def _metadata(vm: netns.Vm, seen: Seen) -> MetadataService:

@@ -42,6 +42,9 @@ class Seen:
     running: bool  # pending or running: it should have a VM
     script: bytes | None  # its boot script, decoded
     launch_index: int = 0
+    # what the cloud's firewall admits to it: (protocol, first port, last port, source CIDR)
+    # rules; None where the emulation has no cloud firewall in front of its VMs
+    ingress: tuple[tuple[str, int, int, str], ...] | None = None
 
 
 @dataclass
@@ -52,6 +55,7 @@ class _Booted:
     zone: str
     ends_at_s: float | None = None  # a reclaim's (or loss's) deadline
     why: str = "reclaimed"
+    ingress: tuple | None = None  # the firewall rules applied to its public interface
 
 
 class Booter:
@@ -108,11 +112,16 @@ class Booter:
                 elif booted.ends_at_s is not None and now_s >= booted.ends_at_s:
                     self._remove(instance.instance_id)
                     self._ended(instance.instance_id, booted.why)
+                elif instance.ingress != booted.ingress:  # its firewall's rules changed
+                    apply_firewall(booted.vm, instance.ingress)
+                    booted.ingress = instance.ingress
 
     def _boot(self, instance: Seen) -> None:
         vm = self.internet.add_vm(instance.instance_id)
         folder = self.folder / instance.instance_id
         folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if instance.ingress is not None:  # in front of it before anything in it runs
+            apply_firewall(vm, instance.ingress)
         metadata = self._metadata(vm, instance)
         process = None
         if instance.script is not None:
@@ -122,7 +131,9 @@ class Booter:
             process = self.internet.popen(
                 vm, ["bash", str(path)], log_file=folder / "console.log", env=self.vm_env
             )
-        self._booted[instance.instance_id] = _Booted(vm, metadata, process, instance.zone)
+        self._booted[instance.instance_id] = _Booted(
+            vm, metadata, process, instance.zone, ingress=instance.ingress
+        )
         log.info("emulated %s: %s booted as %s", self.name, instance.instance_id, vm.netns)
 
     def _remove(self, instance_id: str) -> None:
@@ -173,6 +184,31 @@ class Booter:
         with self._lock:
             for instance_id in list(self._booted):
                 self._remove(instance_id)
+
+
+FIREWALL_TABLE = "emulated_cloud_firewall"
+
+
+def apply_firewall(vm: netns.Vm, ingress: tuple | None) -> None:
+    """The cloud's firewall in front of ``vm``'s public interface, as nftables rules in a table
+    of their own (the VM's own rules, its bootstrap's, stay beside them and both must admit a
+    packet): replies to what the VM opened, the ``ingress`` rules, nothing else. None: none."""
+    lines = [f"table inet {FIREWALL_TABLE}", f"delete table inet {FIREWALL_TABLE}"]
+    if ingress is None:
+        netns.run_in(vm, ["nft", "-f", "-"], input_text="\n".join(lines) + "\n")
+        return
+    rules = ['    iifname "eth0" ct state established,related accept']
+    for protocol, first, last, source in ingress:
+        ports = "" if protocol == "-1" else f"{protocol} dport {first}-{last} "
+        rules.append(f'    iifname "eth0" ip saddr {source} {ports}accept')
+    rules.append('    iifname "eth0" drop')
+    table = (
+        f"table inet {FIREWALL_TABLE} {{\n  chain input {{\n"
+        "    type filter hook input priority -10; policy accept;\n"
+        + "\n".join(rules)
+        + "\n  }\n}\n"
+    )
+    netns.run_in(vm, ["nft", "-f", "-"], input_text="\n".join(lines) + "\n" + table)
 
 
 class EmulatedCloud(abc.ABC):

@@ -100,6 +100,8 @@ class GcpProvisioner(Provisioner):
     # 240 s: how long SkyPilot waits on GCP for a node to launch before it fails over
     launch_timeout_s = 240.0 + GPU_VM_BOOT_S + BOOTSTRAP_INSTALL_S
     unsupported = {
+        Feature.FIREWALL: "no firewall rule per job yet: VMs get the network's; only "
+        "WireGuard answers on them (their own nftables rules)",
         Feature.AVAILABLE_COUNT: "the Compute API does not say how many GPUs a zone can give",
         Feature.AVAILABILITY_SCORE: "GCP publishes no spot availability score",
         Feature.PREEMPTION_RATE: "GCP publishes no preemption rate per zone or machine type",

@@ -23,6 +23,7 @@ from provisioners.base import (
     CapacityError,
     CloudCallError,
     Event,
+    Feature,
     LaunchRequest,
     Node,
     NodeLost,
@@ -42,7 +43,10 @@ log = logging.getLogger(__name__)
 
 class LocalProvisioner(Provisioner):
     cloud = "local"
-    unsupported = {}  # the local cloud implements the whole contract
+    unsupported = {
+        Feature.FIREWALL: "the local cloud's VMs close their own public interface to all but "
+        "WireGuard (nftables); there is no cloud firewall in front of them",
+    }
     launch_timeout_s = 120.0  # a process or namespace VM joins in seconds
 
     def __init__(

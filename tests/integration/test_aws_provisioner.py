@@ -226,6 +226,45 @@ def test_each_node_boots_its_own_script_as_user_data(fake: FakeAws) -> None:
     assert "echo node" not in repr(request(boot_scripts=scripts))  # a script holds a secret
 
 
+def test_nodes_go_behind_the_jobs_security_group_which_admits_only_the_overlay(
+    fake: FakeAws,
+) -> None:
+    from provisioners.base import Firewall
+
+    provisioner = make(fake)
+    admit = Firewall(job="j1", port=51820, sources=("192.0.2.1", "198.51.100.7"))
+    nodes = provisioner.launch(request(firewall=admit))
+    ec2 = fake.session.client("ec2", region_name=REGION)
+
+    def group() -> dict:
+        (found,) = ec2.describe_security_groups(
+            Filters=[{"Name": "group-name", "Values": ["geo-j1"]}]
+        )["SecurityGroups"]
+        return found
+
+    def admitted() -> set:
+        return {
+            (p["IpProtocol"], p["FromPort"], p["ToPort"], r["CidrIp"])
+            for p in group()["IpPermissions"]
+            for r in p["IpRanges"]
+        }
+
+    assert {t["Key"]: t["Value"] for t in group()["Tags"]} == {"geo-job": "j1"}
+    for instance in moto_instances(fake):
+        assert [g["GroupId"] for g in instance["SecurityGroups"]] == [group()["GroupId"]]
+    assert admitted() == {
+        ("udp", 51820, 51820, "192.0.2.1/32"),
+        ("udp", 51820, 51820, "198.51.100.7/32"),
+    }
+    # a node joined, another left: the group admits exactly the job's addresses now
+    provisioner.open_overlay(Firewall(job="j1", port=51820, sources=("192.0.2.1", "203.0.113.9")))
+    assert admitted() == {
+        ("udp", 51820, 51820, "192.0.2.1/32"),
+        ("udp", 51820, 51820, "203.0.113.9/32"),
+    }
+    assert len(nodes) == 2
+
+
 def test_a_boot_script_too_long_for_user_data_launches_nothing(fake: FakeAws) -> None:
     huge = "#!/bin/bash\n" + "#" * (16 * 1024)
     with pytest.raises(CloudCallError) as caught:

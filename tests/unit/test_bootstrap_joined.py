@@ -31,6 +31,7 @@ class FakeCloud(Provisioner):
     def __init__(self, on_boot, *, refuse: bool = False) -> None:
         self.on_boot, self.refuse = on_boot, refuse
         self.launched: list[LaunchRequest] = []
+        self.firewalls: list = []  # each open_overlay's
         self.alive: dict[str, Node] = {}
         self.events: list = []
         self._n = 0
@@ -69,12 +70,16 @@ class FakeCloud(Provisioner):
         events, self.events = self.events, []
         return events
 
+    def open_overlay(self, firewall) -> None:
+        self.firewalls.append(firewall)
+
 
 class FakeController:
     def __init__(self) -> None:
         self.members: set[str] = set()
         self.ray: dict[str, str] = {}  # ray node id -> name
         self.draining: dict[str, float] = {}
+        self.addresses: dict[str, str] = {}
         self.join_on_boot = True
 
     def link(self) -> ControllerLink:
@@ -83,7 +88,15 @@ class FakeController:
             forget=self.members.discard,
             joined=lambda: dict(self.ray),
             preempted=lambda: {self.ray[r]: d for r, d in self.draining.items()},
+            # where the overlay saw each member that joined: a public address per node
+            endpoints=lambda: [self.address(n) for n in self.ray.values() if n in self.members],
+            public_ip="192.0.2.1",
+            overlay_port=51820,
         )
+
+    def address(self, name: str) -> str:
+        """Each node's own public address, in the order they booted."""
+        return self.addresses.setdefault(name, f"198.51.100.{len(self.addresses) + 2}")
 
     def mint(self, name: str, ttl_s: float) -> str:
         self.members.add(name)
@@ -222,3 +235,26 @@ def test_a_cloud_launch_waits_longer_than_a_gpu_vm_takes_to_boot_and_install(clo
     # placing the VM, booting it, installing torch and Ray: minutes, not the local cloud's 120 s
     assert provisioner_class(cloud).launch_timeout_s >= 8 * 60
     assert provisioner_class("local").launch_timeout_s == 120.0
+
+
+def test_nodes_go_behind_the_jobs_firewall_which_admits_only_its_own_addresses(controller):
+    wrapper, inner = joined(controller)
+    first = wrapper.launch(REQUEST)
+    (sent,) = inner.launched
+    assert sent.firewall.job == "job" and sent.firewall.port == 51820
+    assert sent.firewall.sources == ("192.0.2.1",)  # the controller: nobody joined yet
+    names = sorted(controller.ray.values())
+    assert set(inner.firewalls[-1].sources) == {"192.0.2.1", *map(controller.address, names)}
+
+    second = wrapper.launch(REQUEST)
+    assert set(inner.launched[-1].firewall.sources) >= set(inner.firewalls[0].sources)
+    wrapper.terminate([n.node_id for n in first])  # the overlay forgets them
+    left = set(inner.firewalls[-1].sources)
+    assert not left & set(map(controller.address, names)) and len(left) == 1 + len(second)
+
+
+def test_a_cloud_without_a_firewall_per_job_gets_none(controller):
+    wrapper, inner = joined(controller)
+    inner.unsupported = {**inner.unsupported, Feature.FIREWALL: "not here"}
+    wrapper.launch(REQUEST)
+    assert inner.launched[0].firewall is None and inner.firewalls == []

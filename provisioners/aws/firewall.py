@@ -1,0 +1,69 @@
+"""A job's security group: the overlay's UDP port from the job's own addresses, nothing else.
+
+Each region the job launches in gets one group, ``geo-<job>``, in its default VPC, tagged with the
+job (so ``down`` and a look at the console find it). Its inbound rules are exactly the overlay's
+port from each source address as a /32 (the controller's and every node's public address); AWS
+keeps replies to what an instance opened (security groups are stateful) and all outbound traffic.
+``sync`` makes the rules what the firewall says: it authorizes what is missing and revokes what
+is no longer there, so that a node that left is not admitted any more.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from provisioners.aws.sdk import call
+from provisioners.base import Firewall
+
+GROUP_NAME = "geo-{job}"
+JOB_TAG = "geo-job"
+
+
+def ensure_group(ec2: Any, firewall: Firewall) -> str:
+    """The job's group in this client's region (made when missing); its id."""
+    name = GROUP_NAME.format(job=firewall.job)
+    found = call(
+        ec2, "describe_security_groups", Filters=[{"Name": "group-name", "Values": [name]}]
+    )["SecurityGroups"]
+    if found:
+        return found[0]["GroupId"]
+    made = call(
+        ec2,
+        "create_security_group",
+        GroupName=name,
+        Description=f"geo-orchestrator job {firewall.job}: its overlay (WireGuard) only",
+        TagSpecifications=[
+            {"ResourceType": "security-group", "Tags": [{"Key": JOB_TAG, "Value": firewall.job}]}
+        ],
+    )
+    return made["GroupId"]
+
+
+def sync(ec2: Any, group_id: str, firewall: Firewall) -> None:
+    """Make the group's inbound rules exactly the overlay's port from ``firewall.sources``."""
+    group = call(ec2, "describe_security_groups", GroupIds=[group_id])["SecurityGroups"][0]
+    have = {
+        (rule.get("IpProtocol"), rule.get("FromPort"), rule.get("ToPort"), r["CidrIp"])
+        for rule in group.get("IpPermissions", [])
+        for r in rule.get("IpRanges", [])
+    }
+    want = {("udp", firewall.port, firewall.port, f"{ip}/32") for ip in firewall.sources}
+    extra = have - want
+    if want - have:
+        call(ec2, "authorize_security_group_ingress", GroupId=group_id,
+             IpPermissions=_permissions(want - have))  # fmt: skip
+    if extra:
+        call(ec2, "revoke_security_group_ingress", GroupId=group_id,
+             IpPermissions=_permissions(extra))  # fmt: skip
+
+
+def _permissions(rules: set[tuple]) -> list[dict]:
+    return [
+        {
+            "IpProtocol": protocol,
+            "FromPort": low,
+            "ToPort": high,
+            "IpRanges": [{"CidrIp": cidr, "Description": "a node of the job"}],
+        }
+        for protocol, low, high, cidr in sorted(rules, key=str)
+    ]
