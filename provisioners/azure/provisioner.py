@@ -87,8 +87,8 @@ class AzureProvisioner(Provisioner):
     # 90 s: how long SkyPilot waits on Azure for a node to launch before it fails over
     launch_timeout_s = 90.0 + GPU_VM_BOOT_S + BOOTSTRAP_INSTALL_S
     unsupported = {
-        Feature.FIREWALL: "no network security group per job yet: VMs get the subnet's; "
-        "only WireGuard answers on them (their own nftables rules)",
+        Feature.FIREWALL: "no network security group per job yet (nor a public IP on a "
+        "node's NIC): VMs get the subnet's rules; their own nftables admit only WireGuard",
         Feature.AVAILABLE_COUNT: "Azure publishes no count of free VMs; resource SKUs say only "
         "whether a size may be deployed in a location or zone",
         Feature.AVAILABILITY_SCORE: "Azure's Spot Placement Score is a preview API outside "

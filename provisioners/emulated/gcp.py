@@ -87,6 +87,7 @@ class EmulatedGcp(EmulatedCloud):
                     zone=zone,
                     running=instance["status"] != "TERMINATED",
                     script=None if script is None else script.encode(),
+                    ingress=self.api.ingress(instance),
                 )
             )
         return seen

@@ -122,6 +122,7 @@ class FakeGcp:
     denied: bool = False  # every compute call answers 403 (no IAM permission)
     stagings_before_running: int = 1  # instances.get shows STAGING this many times first
     instances: dict[tuple[str, str], dict] = field(default_factory=dict)
+    firewalls: dict[str, dict] = field(default_factory=dict)  # name -> the rule
     operations: dict[tuple[str, str], dict] = field(default_factory=dict)
     inserted: list[dict] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
@@ -207,6 +208,9 @@ class FakeGcp:
             (zone + "/instances/([^/]+)", ("GET", self._get_instance)),
             (zone + "/instances/([^/]+)", ("DELETE", self._delete_instance)),
             (zone + "/operations", ("GET", self._list_operations)),
+            (COMPUTE + "/global/firewalls", ("GET", self._list_firewalls)),
+            (COMPUTE + "/global/firewalls", ("POST", self._insert_firewall)),
+            (COMPUTE + "/global/firewalls/([^/]+)", ("PATCH", self._patch_firewall)),
             (zone + "/operations/([^/]+)", ("GET", self._get_operation)),
         ]
 
@@ -278,6 +282,7 @@ class FakeGcp:
             "labels": body.get("labels", {}),
             "scheduling": body.get("scheduling", {}),
             "metadata": body.get("metadata", {}),
+            "tags": body.get("tags", {}),
             "networkInterfaces": [
                 {"networkIP": f"10.0.0.{number}", "accessConfigs": [{"natIP": f"34.1.0.{number}"}]}
             ],
@@ -318,6 +323,65 @@ class FakeGcp:
             if z == zone and (not wanted or op["operationType"] in wanted)
         ]
         return 200, {"items": items}
+
+    # ---- firewall rules (global) ------------------------------------------------------------------
+
+    def _list_firewalls(self, query: dict, body: dict) -> tuple[int, dict]:
+        wanted = re.findall(r'name = "([^"]+)"', query.get("filter", [""])[0])
+        items = [r for n, r in self.firewalls.items() if not wanted or n in wanted]
+        return 200, {"items": items}
+
+    def _insert_firewall(self, query: dict, body: dict) -> tuple[int, dict]:
+        problem = _invalid_firewall(body)
+        if problem:
+            return _error(400, problem, "invalid")
+        name = body["name"]
+        if name in self.firewalls:
+            return _error(409, f"The resource 'projects/{PROJECT}/global/firewalls/{name}' "
+                          "already exists", "alreadyExists")  # fmt: skip
+        self.firewalls[name] = dict(body)
+        return 200, self._global_operation(name, "insert")
+
+    def _patch_firewall(self, query: dict, body: dict, name: str) -> tuple[int, dict]:
+        if name not in self.firewalls:
+            return _error(404, f"The resource 'projects/{PROJECT}/global/firewalls/{name}' "
+                          "was not found", "notFound")  # fmt: skip
+        merged = {**self.firewalls[name], **body}
+        problem = _invalid_firewall(merged)
+        if problem:
+            return _error(400, problem, "invalid")
+        self.firewalls[name] = merged
+        return 200, self._global_operation(name, "patch")
+
+    def _global_operation(self, target: str, kind: str) -> dict:
+        return {
+            "name": f"operation-{next(self._ids)}",
+            "operationType": kind,
+            "targetLink": f"{SELF_LINK}/global/firewalls/{target}",
+            "status": "DONE",
+        }
+
+    def ingress(self, instance: dict) -> tuple[tuple[str, int, int, str], ...]:
+        """What the network's firewall admits to ``instance`` from outside: the ingress rules
+        that target it (by network tag, or every VM), as GCP applies them; nothing else (the
+        VPC's implied rule denies all other ingress)."""
+        tags = set(instance.get("tags", {}).get("items", []))
+        with self._lock:
+            firewalls = list(self.firewalls.values())
+        rules = set()
+        for rule in firewalls:
+            if rule.get("direction", "INGRESS") != "INGRESS" or rule.get("disabled"):
+                continue
+            if rule.get("targetTags") and not tags & set(rule["targetTags"]):
+                continue
+            for allowed in rule.get("allowed", []):
+                protocol = allowed.get("IPProtocol", "all")
+                for ports in allowed.get("ports") or ["0-65535"]:
+                    first, _, last = ports.partition("-")
+                    for source in rule.get("sourceRanges", ["0.0.0.0/0"]):
+                        kind = "-1" if protocol == "all" else protocol
+                        rules.add((kind, int(first), int(last or first), source))
+        return tuple(sorted(rules))
 
     def _public(self, instance: dict) -> dict:
         return {k: v for k, v in instance.items() if not k.startswith("_")}
@@ -420,10 +484,32 @@ def _handler(fake: FakeGcp) -> type[BaseHTTPRequestHandler]:
         def do_DELETE(self) -> None:  # noqa: N802
             self._serve("DELETE")
 
+        def do_PATCH(self) -> None:  # noqa: N802
+            self._serve("PATCH")
+
         def log_message(self, format: str, *args: object) -> None:  # keep test output quiet
             return
 
     return Handler
+
+
+def _invalid_firewall(rule: dict) -> str | None:
+    """What GCE refuses in a firewall rule we send (its required fields)."""
+    for key in ("name", "network"):
+        if not rule.get(key):
+            return f"Invalid value for field 'resource.{key}': ''. Must be set."
+    if not rule.get("allowed") and not rule.get("denied"):
+        return "Invalid value for field 'resource.allowed': ''. Must specify at least one rule."
+    for allowed in rule.get("allowed", []):
+        if allowed.get("IPProtocol") in ("tcp", "udp", "sctp") and not allowed.get("ports"):
+            continue  # every port of the protocol
+        for ports in allowed.get("ports", []):
+            if not re.fullmatch(r"\d+(-\d+)?", ports):
+                return f"Invalid value for field 'resource.allowed[].ports[]': '{ports}'."
+    for source in rule.get("sourceRanges", []):
+        if not re.fullmatch(r"\d+\.\d+\.\d+\.\d+/\d+", source):
+            return f"Invalid value for field 'resource.sourceRanges[]': '{source}'."
+    return None
 
 
 def _invalid_metadata(metadata: dict) -> str | None:

@@ -37,6 +37,7 @@ class InstanceSpec:
     # the node's boot script (its join token: a secret; repr hides it), run by the image's
     # google-guest-agent at boot; None boots the image as it is
     startup_script: str | None = field(default=None, repr=False)
+    network_tags: tuple[str, ...] = ()  # the job's firewall rule targets its VMs by tag
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,6 +113,8 @@ def build_instance(compute: Any, spec: InstanceSpec, options: VmOptions) -> Any:
             compute.ServiceAccount(email="default", scopes=list(options.service_account_scopes))
         ],
     )
+    if spec.network_tags:
+        instance.tags = compute.Tags(items=list(spec.network_tags))
     if spec.attached_gpus:
         instance.guest_accelerators = [
             compute.AcceleratorConfig(

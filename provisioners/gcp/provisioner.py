@@ -29,6 +29,7 @@ from provisioners.base import (
     CloudCallError,
     Event,
     Feature,
+    Firewall,
     LabelledVm,
     LaunchRequest,
     Node,
@@ -42,6 +43,7 @@ from provisioners.base import (
 )
 from provisioners.bootstrap.script import boot_data, gcp_metadata
 from provisioners.gcp import errors, pricing, sdk
+from provisioners.gcp import firewall as job_firewall
 from provisioners.gcp.api import ComputeApi
 from provisioners.gcp.catalog import gpus_for, last_segment
 from provisioners.gcp.instances import (
@@ -100,8 +102,6 @@ class GcpProvisioner(Provisioner):
     # 240 s: how long SkyPilot waits on GCP for a node to launch before it fails over
     launch_timeout_s = 240.0 + GPU_VM_BOOT_S + BOOTSTRAP_INSTALL_S
     unsupported = {
-        Feature.FIREWALL: "no firewall rule per job yet: VMs get the network's; only "
-        "WireGuard answers on them (their own nftables rules)",
         Feature.AVAILABLE_COUNT: "the Compute API does not say how many GPUs a zone can give",
         Feature.AVAILABILITY_SCORE: "GCP publishes no spot availability score",
         Feature.PREEMPTION_RATE: "GCP publishes no preemption rate per zone or machine type",
@@ -211,6 +211,7 @@ class GcpProvisioner(Provisioner):
                 spot=request.spot,
                 labels=labels,
                 startup_script=request.boot_scripts[i] if request.boot_scripts else None,
+                network_tags=self._behind(request.firewall),
             )
             for i in range(request.count)
         ]
@@ -251,6 +252,16 @@ class GcpProvisioner(Provisioner):
             self._track(node, event=NodeReady(node=node))
             nodes.append(node)
         return nodes
+
+    def _behind(self, firewall: Firewall | None) -> tuple[str, ...]:
+        """The network tag of the job's firewall rule, made (or set) before its VMs exist."""
+        if firewall is None:
+            return ()
+        self.open_overlay(firewall)
+        return (job_firewall.rule_name(firewall.job),)
+
+    def open_overlay(self, firewall: Firewall) -> None:
+        job_firewall.open_overlay(self._api, network=self.options.vm.network, firewall=firewall)
 
     def _place(self, request: LaunchRequest) -> tuple[str, str]:
         """(region, zone) for the request; without a zone, the first zone offering it."""

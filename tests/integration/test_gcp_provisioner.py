@@ -149,6 +149,32 @@ def test_a_startup_script_over_the_metadata_limit_inserts_nothing(fake):
     assert "262144" in str(caught.value) and fake.inserted == []
 
 
+def test_nodes_are_tagged_for_the_jobs_firewall_rule_which_admits_only_the_overlay(fake):
+    from provisioners.base import Firewall
+
+    provisioner = make(fake)
+    admit = Firewall(job="Job.1", port=51820, sources=("192.0.2.1", "198.51.100.7"))
+    provisioner.launch(request(firewall=admit))
+    (rule,) = fake.firewalls.values()
+    assert rule["name"] == "geo-job-1" and rule["direction"] == "INGRESS"
+    assert rule["targetTags"] == ["geo-job-1"] and rule["network"].endswith("networks/default")
+    assert rule["allowed"] == [{"IPProtocol": "udp", "ports": ["51820"]}]
+    assert sorted(rule["sourceRanges"]) == ["192.0.2.1/32", "198.51.100.7/32"]
+    for body in fake.inserted:
+        assert body["tags"]["items"] == ["geo-job-1"]
+    instance = next(iter(fake.instances.values()))
+    assert fake.ingress(instance) == (
+        ("udp", 51820, 51820, "192.0.2.1/32"),
+        ("udp", 51820, 51820, "198.51.100.7/32"),
+    )
+    # a node joined, another left: the rule admits exactly the job's addresses now
+    provisioner.open_overlay(
+        Firewall(job="Job.1", port=51820, sources=("192.0.2.1", "203.0.113.9"))
+    )
+    assert sorted(fake.firewalls["geo-job-1"]["sourceRanges"]) == ["192.0.2.1/32", "203.0.113.9/32"]
+    assert len(fake.firewalls) == 1
+
+
 def test_accelerator_optimized_type_on_demand_and_zone_picked(fake):
     p = make(fake)
     [node] = p.launch(
