@@ -26,7 +26,7 @@ name: emu-PROVIDER-job
 provider: PROVIDER
 model: {name: gpt-tiny, profile: analytic}
 training:
-  {global_batch_size: 8, microbatch_sizes: [2, 4], steps: 150, precision: fp32, seed: 0,
+  {global_batch_size: 8, microbatch_sizes: [2, 4], steps: 60, precision: fp32, seed: 0,
    optimizer: {name: adamw, lr: 1.0e-3, weight_decay: 0.01, grad_clip_norm: null}}
 objective: {goal: max_throughput}
 constraints:
@@ -60,7 +60,7 @@ def test_a_job_trains_on_the_emulated_cloud_through_a_reclaim(tmp_path, monkeypa
     options = RunOptions(jobs_dir=tmp_path / "jobs", emulate=True, preempt_at=(8,), notice_s=8.0)
     result = run_job(recipe, default_catalog(), options)
 
-    assert result.state.phase == "done" and result.state.step == 150
+    assert result.state.phase == "done" and result.state.step == 60
     events = [json.loads(line) for line in (result.folder / "events.jsonl").open()]
     kinds = [e["event"] for e in events]
     chaos = next(e for e in events if e["event"] == "chaos")
