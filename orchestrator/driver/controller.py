@@ -110,9 +110,12 @@ def _serve(folder: Path, launch: dict):
     own = folder / "controller"
     own.mkdir(mode=0o700, exist_ok=True)
     service, head = None, None
-    ray_temp_root = tempfile.mkdtemp(prefix="geo-ray-")  # short: Ray's socket paths live under it
+    # the VM's /run (short: Ray's and the overlay's socket paths live under it), gone with the VM
+    run_dir = Path(os.environ.get("GEO_RUN_DIR") or tempfile.mkdtemp(prefix="geo-vm-"))
+    ray_temp_root = str(run_dir / "ray")
+    os.makedirs(ray_temp_root, mode=0o700, exist_ok=True)
     try:
-        service, overlay_ip, admin_socket, public_ip = _start_overlay(folder.name, own)
+        service, overlay_ip, admin_socket, public_ip = _start_overlay(own, run_dir)
         install = vms.controller_install(vms.build_wheel(own / "wheel"))
         head = start_head(session_name(), 1, node_ip=overlay_ip)
         wanted = {loc.split("/")[1] for loc in recipe.constraints.locations if "/" in loc}
@@ -168,14 +171,14 @@ def _serve(folder: Path, launch: dict):
         if service is not None:
             service.terminate()
             service.wait(timeout=30)
-        shutil.rmtree(ray_temp_root, ignore_errors=True)
+        shutil.rmtree(run_dir, ignore_errors=True)
 
 
 def _aws_keys() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
 
 
-def _start_overlay(job: str, own: Path) -> tuple[subprocess.Popen, str, Path, str]:
+def _start_overlay(own: Path, run_dir: Path) -> tuple[subprocess.Popen, str, Path, str]:
     """The firewall, then the join service on this VM's public address; the service, its overlay
     address, its admin socket and the public address."""
     import select
@@ -186,8 +189,8 @@ def _start_overlay(job: str, own: Path) -> tuple[subprocess.Popen, str, Path, st
 
     subprocess.run(["nft", "-f", "-"], input=firewall_rules("eth0", WG_PORT), text=True, check=True)
     public_ip = _address_of("eth0")
-    runtime = Path(tempfile.mkdtemp(prefix=f"geo-ctl-{job[:20]}-"))  # a socket path's limit
-    admin_socket = runtime / ADMIN_SOCKET
+    job = own.parent.name
+    admin_socket = run_dir / ADMIN_SOCKET
     with open(own / "overlay.log", "ab") as out:
         service = subprocess.Popen(
             [sys.executable, "-m", "provisioners.overlay.service", "--job", job]

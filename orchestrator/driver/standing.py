@@ -189,27 +189,37 @@ class _Controllers:
         self._lock = threading.Lock()
 
     def boot(self, job: str, argv: list[str], env: dict[str, str]) -> dict:
+        """A VM for the job's controller running ``argv``; ``GEO_RUN_DIR`` in its environment
+        is its /run: a short folder of its own (sockets), gone when the VM is."""
         name = CONTROLLER_VM.format(job=job)
         with self._lock:
             if job in self._running and self._running[job].poll() is None:
                 raise ValueError(f"job {job} has a controller VM running")
             self.internet.kill_vm(name)  # an earlier one's, powered off
             vm = self.internet.add_vm(name)
+            run_dir = tempfile.mkdtemp(prefix="geo-vm-")
             process = self.internet.popen(
-                vm, argv, log_file=self.folder / "controllers" / job / "console.log", env=env
+                vm,
+                argv,
+                log_file=self.folder / "controllers" / job / "console.log",
+                env={**env, "GEO_RUN_DIR": run_dir},
             )
             self._running[job] = process
         threading.Thread(
-            target=self._power_off_after, args=(job, process), name=f"ctl-{job}", daemon=True
+            target=self._power_off_after,
+            args=(job, process, run_dir),
+            name=f"ctl-{job}",
+            daemon=True,
         ).start()
         return {"vm": name, "public_ip": vm.public_ip}
 
-    def _power_off_after(self, job: str, process: subprocess.Popen) -> None:
+    def _power_off_after(self, job: str, process: subprocess.Popen, run_dir: str) -> None:
         """The VM goes when its program ends (as a VM whose init powers it off)."""
         process.wait()
         with self._lock:
             if self._running.get(job) is process:
                 self.internet.kill_vm(CONTROLLER_VM.format(job=job))
+        shutil.rmtree(run_dir, ignore_errors=True)
 
     def state(self, job: str) -> dict:
         process = self._running.get(job)
@@ -221,7 +231,7 @@ class _Controllers:
     def shutdown(self, job: str, grace_s: float) -> dict:
         """An orderly shutdown: SIGTERM to the program (its own children, the Ray head's
         processes, are its to end, as systemd's ``KillMode=mixed``), the VM off once it has
-        exited or after ``grace_s``."""
+        exited (its power-off thread) or after ``grace_s``."""
         process = self._running.get(job)
         if process is None or process.poll() is not None:
             return {"state": "off"}
@@ -229,16 +239,18 @@ class _Controllers:
         try:
             process.wait(timeout=grace_s)
         except subprocess.TimeoutExpired:
-            pass
-        return self.kill(job)
+            return self.kill(job, process)
+        return {"state": "off"}
 
-    def kill(self, job: str) -> dict:
-        """The VM's loss: off at once, every process in it with it."""
+    def kill(self, job: str, process: subprocess.Popen | None = None) -> dict:
+        """The VM's loss: off at once, every process in it with it. ``process``: only if it is
+        still that program's VM (a new controller of the job may have taken the name since)."""
         with self._lock:
+            current = self._running.get(job)
+            if current is None or (process is not None and current is not process):
+                return {"state": "off"}
             self.internet.kill_vm(CONTROLLER_VM.format(job=job))
-            process = self._running.get(job)
-        if process is not None:
-            process.wait(timeout=30)
+        current.wait(timeout=30)
         return {"state": "off"}
 
 
