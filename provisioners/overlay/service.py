@@ -39,6 +39,7 @@ log = logging.getLogger(__name__)
 DEFAULT_CIDR = "100.64.0.0/16"
 WG_PORT = 51820
 SERVICE_PORT = 51821  # TCP, inside the tunnel only
+REPLY_RECEIVED_S = 10.0  # how long a join's reply may take to reach the node
 TOKEN_TTL_S = 600.0
 MAX_BODY_BYTES = 4096
 INFO_FILE = "overlay.json"  # what nodes' tokens and the driver need, written when ready
@@ -204,7 +205,25 @@ class JoinHandler(BaseHTTPRequestHandler):
             self._reply(400, {"error": "node or public_key does not match the token"})
             return
         self._reply(200, {"ip": member.ip, "peers": overlay.peers_for(member.ip)})
+        self._until_received()
         overlay.admit(member, public_key, endpoint)  # after the reply: it travelled the old key
+
+    def _until_received(self) -> None:
+        """Wait (up to ``REPLY_RECEIVED_S``) until the node has read the whole reply and closed
+        its end. The swap to the node's own key must not come before: wireguard-go encrypts
+        queued packets on its own threads, so a reply still queued, or a segment the node has
+        not acknowledged, would go out under the new key, which the node does not use until it
+        has the reply; it never arrives and the node's join times out (seen with three nodes
+        joining at once on a loaded machine)."""
+        import socket
+
+        try:
+            self.connection.shutdown(socket.SHUT_WR)  # our FIN follows the reply's last byte
+            self.connection.settimeout(REPLY_RECEIVED_S)
+            while self.connection.recv(4096):  # the node's FIN: it got everything before it
+                pass
+        except OSError as error:  # timed out or reset: swap anyway, as before
+            log.info("join service: %s: no close from the node (%s)", self.client_address, error)
 
 
 class AdminHandler(socketserver.StreamRequestHandler):
