@@ -127,11 +127,13 @@ def run_job(recipe_path: Path, catalog: Catalog, options: RunOptions) -> RunResu
     if recipe.provider != "local" and not options.emulate:
         _check_credentials(recipe.provider, recipe_path)
         raise UserError(
-            f"submit launches on {recipe.provider} itself in a later version (the controller VM "
-            "is not built yet); here it runs on the local simulated cloud or an emulation",
+            f"submit launches on {recipe.provider} itself in a later version (its controller VM "
+            "runs on the emulated clouds only so far); here it runs on the local simulated cloud "
+            "or an emulation",
             file=str(recipe_path),
             field="provider",
-            fix="add --emulate to train on an emulated cloud (aws), or write provider: local",
+            fix="add --emulate to train on the provider's emulation (aws, gcp, azure; as root), "
+            "or write provider: local",
         )
     folder = job_folder(recipe, recipe_path, options.jobs_dir)
     if options.emulate and options.controller_vm:
