@@ -160,7 +160,10 @@ def _why(state: JobState, events: list[dict]) -> None:
 def _summary(result: RunResult) -> None:
     state, folder, choice = result.state, result.folder, result.choice
     batch = state.global_batch_size
-    events = list(read_events(folder / "events.jsonl"))
+    # this run's: a job started again from scratch keeps its earlier runs' events in the log
+    events = [
+        e for e in read_events(folder / "events.jsonl") if e["time_s"] >= state.started_at_s
+    ]
     print(file=sys.stderr)
     print(f"job {state.job}: {state.phase} after {state.step} steps in {result.elapsed_s:.1f} s")
     if state.phase == "failed":
