@@ -161,9 +161,7 @@ def _summary(result: RunResult) -> None:
     state, folder, choice = result.state, result.folder, result.choice
     batch = state.global_batch_size
     # this run's: a job started again from scratch keeps its earlier runs' events in the log
-    events = [
-        e for e in read_events(folder / "events.jsonl") if e["time_s"] >= state.started_at_s
-    ]
+    events = [e for e in read_events(folder / "events.jsonl") if e["time_s"] >= state.started_at_s]
     print(file=sys.stderr)
     print(f"job {state.job}: {state.phase} after {state.step} steps in {result.elapsed_s:.1f} s")
     if state.phase == "failed":
