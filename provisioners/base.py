@@ -36,6 +36,7 @@ class Feature(enum.Enum):
     LAUNCH = "launching nodes"
     LIST_LABELLED = "listing and terminating VMs by label, whoever launched them (leak sweeps)"
     FIREWALL = "a firewall per job that admits only the overlay's port from the job's own nodes"
+    RELABEL = "changing a running VM's labels (a job renewing its VMs' lease)"
 
 
 class NodeState(enum.Enum):
@@ -348,6 +349,11 @@ class Provisioner(abc.ABC):
         """Make the job's firewall admit exactly ``firewall.sources`` (where it has VMs)."""
         self.require(Feature.FIREWALL, call="open_overlay")
         raise NotImplementedError(f"{type(self).__name__} declares a firewall it does not make")
+
+    def relabel(self, node_ids: Sequence[str], labels: Mapping[str, str]) -> None:
+        """Set these labels (tags) on the running VMs ``node_ids`` (others kept as they are)."""
+        self.require(Feature.RELABEL, call="relabel")
+        raise NotImplementedError(f"{type(self).__name__} declares a relabel it does not do")
 
     def _unlabelled(self, call: str, verb: str) -> Unsupported:
         """What an adapter without the label sweep says: its declared reason, or that it has none."""

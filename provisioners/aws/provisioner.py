@@ -485,6 +485,16 @@ class AwsProvisioner(Provisioner):
                     NodeLost(node_id=node_id, infra=tracked.node.infra, reason="terminated")
                 )
 
+    def relabel(self, node_ids: Sequence[str], labels: Mapping[str, str]) -> None:
+        by_region: dict[str, list[str]] = {}
+        for node_id in node_ids:
+            tracked = self._tracked.get(node_id)
+            if tracked is not None and tracked.node.state in ALIVE:
+                by_region.setdefault(tracked.region, []).append(node_id)
+        tags = [{"Key": k, "Value": v} for k, v in labels.items()]
+        for region, ids in by_region.items():
+            call(self._client("ec2", region), "create_tags", Resources=ids, Tags=tags)
+
     def _terminate_in(self, region: str, ids: Sequence[str]) -> None:
         """terminate_instances, ignoring ids AWS no longer knows (one unknown id fails a batch, so
         the batch is retried one by one)."""

@@ -87,6 +87,7 @@ class AzureProvisioner(Provisioner):
     # 90 s: how long SkyPilot waits on Azure for a node to launch before it fails over
     launch_timeout_s = 90.0 + GPU_VM_BOOT_S + BOOTSTRAP_INSTALL_S
     unsupported = {
+        Feature.RELABEL: "not yet: a VM's tags would be PATCHed through the compute API",
         Feature.FIREWALL: "no network security group per job yet (nor a public IP on a "
         "node's NIC): VMs get the subnet's rules; their own nftables admit only WireGuard",
         Feature.AVAILABLE_COUNT: "Azure publishes no count of free VMs; resource SKUs say only "

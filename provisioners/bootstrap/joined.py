@@ -45,6 +45,7 @@ from provisioners.base import (
     Offer,
     PreemptionNotice,
     Provisioner,
+    ProvisionerError,
 )
 from provisioners.bootstrap.script import NodeBoot, render
 
@@ -84,9 +85,11 @@ class JoinedProvisioner(Provisioner):
         boot_for: BootFor,
         lease_s: float,
         stop: threading.Event | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         """``lease_s``: how long a VM may live without the job renewing it (its expiry tag: what
-        a sweep of leaked VMs reads); ``stop``: set to give up waiting launches."""
+        a sweep of leaked VMs reads; renewed at every event poll past half of it, where the
+        cloud can relabel a VM); ``stop``: set to give up waiting launches."""
         self.inner, self.job, self.link = inner, job, link
         self.boot_for, self.lease_s = boot_for, lease_s
         self.cloud, self.launch_timeout_s = inner.cloud, inner.launch_timeout_s
@@ -97,6 +100,8 @@ class JoinedProvisioner(Provisioner):
         self._names: dict[str, str] = {}  # cloud node id -> node name
         self._noticed: set[str] = set()
         self._stop = stop or threading.Event()
+        self._clock = clock
+        self._renew_at_s = clock() + lease_s / 2
 
     @property
     def clouds(self) -> tuple[str, ...]:
@@ -118,7 +123,7 @@ class JoinedProvisioner(Provisioner):
             for name in names:
                 token = self.link.mint(name, request.timeout_s)
                 scripts.append(render(self.boot_for(name, token, request)))
-            expires = f"{time.time() + self.lease_s:.0f}"
+            expires = f"{self._clock() + self.lease_s:.0f}"
             labels = (*request.labels, (JOB_LABEL, self.job), (EXPIRES_LABEL, expires))
             request = replace(
                 request, labels=labels, boot_scripts=tuple(scripts), firewall=self._firewall()
@@ -212,9 +217,27 @@ class JoinedProvisioner(Provisioner):
                 log.warning("overlay: removing %s: %s", name, error)
 
     def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
+        self._renew_leases()
         notices = self._notices()
         events = self.inner.poll_events(timeout_s=0.0 if notices else timeout_s)
         return notices + [e for e in events if not self._heard(e)]
+
+    def _renew_leases(self) -> None:
+        """Past half the lease, move every live node's expiry tag a lease ahead: a running job's
+        VMs never look leaked (``status --all``), a dead job's expire within one lease."""
+        now_s = self._clock()
+        if now_s < self._renew_at_s or not self.inner.supports(Feature.RELABEL):
+            return
+        alive = (NodeState.PENDING, NodeState.RUNNING, NodeState.PREEMPTING)
+        ours = [
+            n.node_id for n in self.inner.nodes() if n.state in alive and n.node_id in self._names
+        ]
+        try:
+            if ours:
+                self.inner.relabel(ours, {EXPIRES_LABEL: f"{now_s + self.lease_s:.0f}"})
+            self._renew_at_s = now_s + self.lease_s / 2
+        except ProvisionerError as error:  # the next poll tries again
+            log.warning("lease renewal: %s", error)
 
     def _heard(self, event: Event) -> bool:
         """A cloud's own notice of a node the watcher already reported is said once."""

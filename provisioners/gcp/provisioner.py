@@ -102,6 +102,7 @@ class GcpProvisioner(Provisioner):
     # 240 s: how long SkyPilot waits on GCP for a node to launch before it fails over
     launch_timeout_s = 240.0 + GPU_VM_BOOT_S + BOOTSTRAP_INSTALL_S
     unsupported = {
+        Feature.RELABEL: "not yet: instances.setLabels needs each instance's label fingerprint",
         Feature.AVAILABLE_COUNT: "the Compute API does not say how many GPUs a zone can give",
         Feature.AVAILABILITY_SCORE: "GCP publishes no spot availability score",
         Feature.PREEMPTION_RATE: "GCP publishes no preemption rate per zone or machine type",

@@ -44,6 +44,7 @@ log = logging.getLogger(__name__)
 class LocalProvisioner(Provisioner):
     cloud = "local"
     unsupported = {
+        Feature.RELABEL: "the local cloud's VMs carry no lease (they end with the job's process)",
         Feature.FIREWALL: "the local cloud's VMs close their own public interface to all but "
         "WireGuard (nftables); there is no cloud firewall in front of them",
     }

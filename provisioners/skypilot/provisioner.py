@@ -114,6 +114,7 @@ class SkyPilotProvisioner(Provisioner):
     # SkyPilot fails over between zones itself (90-240 s each on AWS, Azure, GCP): room for three
     launch_timeout_s = 3 * 240.0 + GPU_VM_BOOT_S + BOOTSTRAP_INSTALL_S
     unsupported: Mapping[Feature, str] = {
+        Feature.RELABEL: "SkyPilot sets a cluster's labels at launch only",
         Feature.FIREWALL: "SkyPilot opens the ports a task names (resources.ports) itself",
         Feature.PREEMPTION_NOTICE: "SkyPilot reports a cluster's state (UP, INIT, STOPPED), not "
         "the clouds' interruption notices; a preempted cluster shows at the next status refresh",

@@ -265,6 +265,14 @@ def test_nodes_go_behind_the_jobs_security_group_which_admits_only_the_overlay(
     assert len(nodes) == 2
 
 
+def test_relabel_moves_a_live_nodes_lease_tag(fake: FakeAws) -> None:
+    provisioner = make(fake)
+    nodes = provisioner.launch(request(labels=(("geo-expires", "100"),)))
+    provisioner.relabel([n.node_id for n in nodes], {"geo-expires": "200"})
+    for instance in moto_instances(fake):
+        assert {t["Key"]: t["Value"] for t in instance["Tags"]}["geo-expires"] == "200"
+
+
 def test_a_boot_script_too_long_for_user_data_launches_nothing(fake: FakeAws) -> None:
     huge = "#!/bin/bash\n" + "#" * (16 * 1024)
     with pytest.raises(CloudCallError) as caught:

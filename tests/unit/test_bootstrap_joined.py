@@ -32,6 +32,7 @@ class FakeCloud(Provisioner):
         self.on_boot, self.refuse = on_boot, refuse
         self.launched: list[LaunchRequest] = []
         self.firewalls: list = []  # each open_overlay's
+        self.relabelled: list = []  # each relabel's (node ids, labels)
         self.alive: dict[str, Node] = {}
         self.events: list = []
         self._n = 0
@@ -72,6 +73,9 @@ class FakeCloud(Provisioner):
 
     def open_overlay(self, firewall) -> None:
         self.firewalls.append(firewall)
+
+    def relabel(self, node_ids, labels) -> None:
+        self.relabelled.append((sorted(node_ids), dict(labels)))
 
 
 class FakeController:
@@ -258,3 +262,26 @@ def test_a_cloud_without_a_firewall_per_job_gets_none(controller):
     inner.unsupported = {**inner.unsupported, Feature.FIREWALL: "not here"}
     wrapper.launch(REQUEST)
     assert inner.launched[0].firewall is None and inner.firewalls == []
+
+
+def test_a_running_jobs_leases_are_renewed_past_half_of_them(controller):
+    now = [1000.0]
+    inner = FakeCloud(controller.boot)
+    wrapper = JoinedProvisioner(
+        inner, job="job", link=controller.link(), boot_for=boot_for, lease_s=3600.0,
+        clock=lambda: now[0],
+    )  # fmt: skip
+    nodes = wrapper.launch(REQUEST)
+    assert dict(inner.launched[0].labels)["geo-expires"] == "4600"
+    now[0] = 2500.0  # not yet half the lease
+    wrapper.poll_events()
+    assert inner.relabelled == []
+    now[0] = 2800.0
+    wrapper.poll_events()
+    assert inner.relabelled == [(["i-1", "i-2"], {"geo-expires": "6400"})]
+    wrapper.terminate([nodes[0].node_id])
+    now[0] = 3000.0  # renewed a moment ago: nothing until another half lease
+    wrapper.poll_events()
+    now[0] = 4600.0
+    wrapper.poll_events()
+    assert inner.relabelled[-1] == (["i-2"], {"geo-expires": "8200"})  # the live node only
