@@ -207,6 +207,7 @@ class FakeGcp:
             (zone + "/instances", ("GET", self._list_instances)),
             (zone + "/instances/([^/]+)", ("GET", self._get_instance)),
             (zone + "/instances/([^/]+)", ("DELETE", self._delete_instance)),
+            (zone + "/instances/([^/]+)/setLabels", ("POST", self._set_labels)),
             (zone + "/operations", ("GET", self._list_operations)),
             (COMPUTE + "/global/firewalls", ("GET", self._list_firewalls)),
             (COMPUTE + "/global/firewalls", ("POST", self._insert_firewall)),
@@ -280,6 +281,7 @@ class FakeGcp:
             "status": "PROVISIONING",
             "machineType": body.get("machineType", ""),
             "labels": body.get("labels", {}),
+            "labelFingerprint": f"fp-{number}-0",
             "scheduling": body.get("scheduling", {}),
             "metadata": body.get("metadata", {}),
             "tags": body.get("tags", {}),
@@ -323,6 +325,19 @@ class FakeGcp:
             if z == zone and (not wanted or op["operationType"] in wanted)
         ]
         return 200, {"items": items}
+
+    def _set_labels(self, query: dict, body: dict, zone: str, name: str) -> tuple[int, dict]:
+        instance = self.instances.get((zone, name))
+        if instance is None:
+            return _error(404, f"The resource 'projects/{PROJECT}/zones/{zone}/instances/{name}' "
+                          "was not found", "notFound")  # fmt: skip
+        if body.get("labelFingerprint") != instance["labelFingerprint"]:
+            return _error(412, "Labels fingerprint either invalid or resource labels have "
+                          "changed", "conditionNotMet")  # fmt: skip
+        instance["labels"] = dict(body.get("labels", {}))
+        number, changes = instance["labelFingerprint"][3:].rsplit("-", 1)
+        instance["labelFingerprint"] = f"fp-{number}-{int(changes) + 1}"
+        return 200, self._operation(zone, name, kind="setLabels")
 
     # ---- firewall rules (global) ------------------------------------------------------------------
 

@@ -56,6 +56,7 @@ from provisioners.gcp.instances import (
     instance_name,
     sanitize_labels,
 )
+from provisioners.gcp.labels import set_labels
 from provisioners.gcp.market import Market, MarketOptions
 
 _LOG = logging.getLogger(__name__)
@@ -380,6 +381,12 @@ class GcpProvisioner(Provisioner):
                 continue  # unknown or already gone: nothing to do (idempotent)
             self._delete(_zone_of(node), node_id)
             self._mark([node_id], NodeState.TERMINATED)
+
+    def relabel(self, node_ids: Sequence[str], labels: Mapping[str, str]) -> None:
+        for node_id in node_ids:
+            node = self._nodes.get(node_id)
+            if node is not None and node.state not in (NodeState.TERMINATED, NodeState.LOST):
+                set_labels(self._api, zone=_zone_of(node), name=node_id, labels=labels)
 
     def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
         return poll_until_events(

@@ -175,6 +175,16 @@ def test_nodes_are_tagged_for_the_jobs_firewall_rule_which_admits_only_the_overl
     assert len(fake.firewalls) == 1
 
 
+def test_relabel_moves_a_live_nodes_lease_label_and_keeps_the_others(fake):
+    provisioner = make(fake)
+    nodes = provisioner.launch(request(labels=(("geo-expires", "100"),)))
+    provisioner.relabel([n.node_id for n in nodes], {"geo-expires": "200"})
+    provisioner.relabel([n.node_id for n in nodes], {"geo-expires": "300"})  # a new fingerprint
+    for instance in fake.instances.values():
+        assert instance["labels"]["geo-expires"] == "300"
+        assert instance["labels"]["geo_gang"] == "train-1"
+
+
 def test_accelerator_optimized_type_on_demand_and_zone_picked(fake):
     p = make(fake)
     [node] = p.launch(
