@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
+SWEEP_FIX = "look them up in the cloud's console by the label (tag) geo-job"
+
 
 class Feature(enum.Enum):
     """What an adapter may be unable to do (declared in ``Provisioner.unsupported``)."""
@@ -339,31 +341,34 @@ class Provisioner(abc.ABC):
         """Every VM of this cloud not yet terminated that carries label ``key`` (any value),
         whoever launched it: what ``status --all`` and ``down`` see (every region the adapter is
         configured for)."""
-        raise self._unlabelled("labelled", "lists")
+        raise self._lacking(Feature.LIST_LABELLED, "labelled", "lists no VMs by label", SWEEP_FIX)
 
     def terminate_labelled(self, vms: Sequence[LabelledVm]) -> None:
         """Terminate VMs ``labelled`` found (ids gone meanwhile are ignored)."""
-        raise self._unlabelled("terminate_labelled", "terminates")
+        raise self._lacking(
+            Feature.LIST_LABELLED, "terminate_labelled", "terminates no VMs by label", SWEEP_FIX
+        )
 
     def open_overlay(self, firewall: Firewall) -> None:
         """Make the job's firewall admit exactly ``firewall.sources`` (where it has VMs)."""
-        self.require(Feature.FIREWALL, call="open_overlay")
-        raise NotImplementedError(f"{type(self).__name__} declares a firewall it does not make")
+        raise self._lacking(
+            Feature.FIREWALL,
+            "open_overlay",
+            "makes no firewall per job",
+            "launch without LaunchRequest.firewall on this cloud",
+        )
 
     def relabel(self, node_ids: Sequence[str], labels: Mapping[str, str]) -> None:
         """Set these labels (tags) on the running VMs ``node_ids`` (others kept as they are)."""
-        self.require(Feature.RELABEL, call="relabel")
-        raise NotImplementedError(f"{type(self).__name__} declares a relabel it does not do")
-
-    def _unlabelled(self, call: str, verb: str) -> Unsupported:
-        """What an adapter without the label sweep says: its declared reason, or that it has none."""
-        self.require(Feature.LIST_LABELLED, call=call)
-        return Unsupported(
-            f"this adapter {verb} no VMs by label yet",
-            cloud=self.cloud,
-            call=call,
-            fix="look them up in the cloud's console by the label (tag) geo-job",
+        raise self._lacking(
+            Feature.RELABEL, "relabel", "relabels no VM", "set the labels in the cloud's console"
         )
+
+    def _lacking(self, feature: Feature, call: str, what: str, fix: str) -> Unsupported:
+        """What an adapter without an optional method says: the reason it declared in
+        ``unsupported``, or that it has none yet (an adapter that forgot to declare it)."""
+        self.require(feature, call=call)
+        return Unsupported(f"this adapter {what} yet", cloud=self.cloud, call=call, fix=fix)
 
     def close(self) -> None:  # noqa: B027 (optional hook: most adapters hold nothing to stop)
         """Stop background work; nodes stay as they are unless the adapter owns them."""

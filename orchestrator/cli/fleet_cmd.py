@@ -17,7 +17,6 @@ still asked.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 import time
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from orchestrator.driver.job import JOBS_DIR, STOP_FILE
 from orchestrator.driver.state import StateStore
 from orchestrator.errors import UserError
 from orchestrator.names import job_name_problem
+from provisioners.bootstrap.joined import of_job
 
 CLOUDS = ("aws", "gcp", "azure")  # SkyPilot's VMs are on these clouds and carry the same labels
 JOB_LABEL, EXPIRES_LABEL = "geo-job", "geo-expires"
@@ -154,7 +154,7 @@ def run_down(args: argparse.Namespace, catalog) -> int:
     answers = ask_clouds()
     ended: list[dict] = []
     for answer in answers:
-        mine = [vm for vm in answer.vms if _same_job(vm.labels.get(JOB_LABEL, ""), args.job)]
+        mine = [vm for vm in answer.vms if of_job(vm.labels, args.job)]
         if mine:
             answer.adapter.terminate_labelled(mine)
             ended += fleet_rows([Asked(answer.cloud, mine)], now_s=time.time())
@@ -179,12 +179,6 @@ def _say_not_asked(answers: list[Asked]) -> str:
     for cloud, why in _not_asked(answers).items():
         print(f"{cloud}: not asked: {why}", file=sys.stderr)
     return ", ".join(a.cloud for a in answers if not a.skipped) or "any cloud asked"
-
-
-def _same_job(label: str, job: str) -> bool:
-    """The job's label as the cloud stores it: GCP lowercases a label value and turns what it
-    does not allow (e.g. '.') into '-'."""
-    return label == job or label == re.sub(r"[^a-z0-9_-]", "-", job.lower())[:63]
 
 
 def _iso(seconds: float) -> str:

@@ -389,11 +389,11 @@ def emulator_for(
     internet,
     folder: Path,
     refusals=None,
-    regions: tuple[str, ...] | None = None,
+    regions: tuple[str, ...],
     gpu_types: tuple[str, ...] | None = None,
 ):
     """The provider's emulation on ``internet`` (not started yet), reporting the catalog's
-    published prices in ``regions`` for ``gpu_types`` (None: every one the catalog lists)."""
+    published prices in ``regions`` for ``gpu_types`` (None: every GPU the catalog lists)."""
     from orchestrator.catalog import default_catalog
     from provisioners.local import vms
 
@@ -401,11 +401,9 @@ def emulator_for(
         o
         for o in default_catalog().offers.offers
         if o.location.cloud == provider
-        and (regions is None or o.location.region in regions)
+        and o.location.region in regions
         and (gpu_types is None or o.gpu in gpu_types)
     ]
-    if regions is None:
-        regions = tuple(sorted({o.location.region for o in offers}))
     common = {"internet": internet, "folder": folder, "vm_env": vms._vm_env()}
     if provider == "gcp":
         from provisioners.emulated.gcp import EmulatedGcp

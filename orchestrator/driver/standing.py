@@ -319,8 +319,13 @@ def serve(provider: str, refusals: dict[str, str]) -> int:
     emulator, server = None, None
     try:
         internet.create()
+        regions = tuple(emulator_regions(provider))
         emulator = emulator_for(
-            provider, internet=internet, folder=folder / "instances", refusals=refusals
+            provider,
+            internet=internet,
+            folder=folder / "instances",
+            refusals=refusals,
+            regions=regions,
         )
         endpoint = emulator.start()
         controllers = _Controllers(internet, folder)
@@ -335,7 +340,7 @@ def serve(provider: str, refusals: dict[str, str]) -> int:
                 token=getattr(emulator, "token", None),
                 account=getattr(emulator, "project", None)
                 or getattr(emulator, "subscription_id", None),
-                regions=tuple(emulator_regions(provider)),
+                regions=regions,
                 api_netns=internet.vms[emulator.api_vm].netns,
                 internet=internet.job,
                 socket=str(runtime / "control.sock"),

@@ -28,10 +28,11 @@ in a cloud.
 from __future__ import annotations
 
 import logging
+import re
 import secrets
 import threading
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from provisioners.base import (
@@ -53,6 +54,13 @@ log = logging.getLogger(__name__)
 
 JOIN_LOOK_S = 0.5  # how often a launch looks for its nodes in the cluster
 JOB_LABEL, EXPIRES_LABEL = "geo-job", "geo-expires"  # on every VM: which job, until when
+
+
+def of_job(labels: Mapping[str, str], job: str) -> bool:
+    """Whether a VM's labels name ``job``, as the cloud stores the label: GCP lowercases a label
+    value and turns what it does not allow (e.g. '.') into '-'."""
+    label = labels.get(JOB_LABEL, "")
+    return label == job or label == re.sub(r"[^a-z0-9_-]", "-", job.lower())[:63]
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -107,7 +107,10 @@ def test_down_terminates_the_jobs_vms_in_every_region_and_nothing_else(ec2, caps
 
 
 def test_a_jobs_label_matches_as_each_cloud_stores_it():
-    from orchestrator.cli.fleet_cmd import _same_job
+    from provisioners.bootstrap.joined import of_job
+
+    def _same_job(label: str, job: str) -> bool:
+        return of_job({"geo-job": label} if label else {}, job)
 
     assert _same_job("Job.A", "Job.A")  # AWS and Azure keep the tag as written
     assert _same_job("job-a", "Job.A")  # GCP lowercases, and '.' becomes '-'
