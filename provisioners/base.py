@@ -22,6 +22,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 SWEEP_FIX = "look them up in the cloud's console by the label (tag) geo-job"
+HOST_FIX = "run the job on a provider that hosts controllers (aws), or with submit --emulate"
 
 
 class Feature(enum.Enum):
@@ -39,6 +40,10 @@ class Feature(enum.Enum):
     LIST_LABELLED = "listing and terminating VMs by label, whoever launched them (leak sweeps)"
     FIREWALL = "a firewall per job that admits only the overlay's port from the job's own nodes"
     RELABEL = "changing a running VM's labels (a job renewing its VMs' lease)"
+    CONTROLLER_HOST = (
+        "hosting a job's controller: a private bucket for the job's state and the identities "
+        "its controller and nodes act as"
+    )
 
 
 class NodeState(enum.Enum):
@@ -174,6 +179,9 @@ class LaunchRequest:
     boot_scripts: tuple[str, ...] = field(default=(), repr=False)
     # the job's firewall the nodes go behind (None: the cloud's default for new VMs)
     firewall: Firewall | None = None
+    # what the VMs act as toward the cloud's APIs (``Provisioner.identities``: an AWS instance
+    # profile); None: no identity, the VMs reach no API
+    identity: str | None = None
 
     def __post_init__(self) -> None:
         assert self.count >= 1, "a gang has at least one node"
@@ -193,7 +201,26 @@ class Firewall:
 
     job: str
     port: int
-    sources: tuple[str, ...]
+    sources: tuple[str, ...]  # addresses (one host each) or CIDR blocks (0.0.0.0/0: anyone)
+    # whose firewall: the job's nodes, or its controller (open to nodes not yet known: the
+    # overlay admits only WireGuard peers with the job's keys)
+    role: str = "nodes"
+
+    @property
+    def name(self) -> str:
+        """The firewall's (security group's, rule's) name in the cloud."""
+        return f"geo-{self.job}" if self.role == "nodes" else f"geo-{self.job}-{self.role}"
+
+    def cidrs(self) -> tuple[str, ...]:
+        return tuple(s if "/" in s else f"{s}/32" for s in self.sources)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Identities:
+    """What a job's VMs act as: the cloud's names for them (an AWS instance profile each)."""
+
+    controller: str
+    node: str
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -363,6 +390,22 @@ class Provisioner(abc.ABC):
         raise self._lacking(
             Feature.RELABEL, "relabel", "relabels no VM", "set the labels in the cloud's console"
         )
+
+    def job_bucket(self, region: str) -> str:
+        """The account's private bucket for jobs' state in ``region`` (made when missing), as a
+        URL (``s3://...``): a job's controller keeps its state there, and finds it again."""
+        raise self._lacking(Feature.CONTROLLER_HOST, "job_bucket", "keeps no job state", HOST_FIX)
+
+    def identities(self, bucket_url: str) -> Identities:
+        """The identities a job's controller and its nodes act as (made when missing), allowed
+        what each needs: the controller this cloud's VM calls and the bucket, a node the bucket
+        (its checkpoints)."""
+        raise self._lacking(Feature.CONTROLLER_HOST, "identities", "makes no identity", HOST_FIX)
+
+    def presign(self, url: str, *, expires_s: float) -> str:
+        """A URL that fetches the object ``url`` of the job's bucket without credentials until
+        ``expires_s`` from now (what a VM installs our package from before it has any SDK)."""
+        raise self._lacking(Feature.CONTROLLER_HOST, "presign", "presigns no URL", HOST_FIX)
 
     def _lacking(self, feature: Feature, call: str, what: str, fix: str) -> Unsupported:
         """What an adapter without an optional method says: the reason it declared in

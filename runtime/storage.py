@@ -84,14 +84,18 @@ class LocalStore:
 
 
 class S3Store:
-    def __init__(self, bucket: str, prefix: str, *, endpoint_url: str | None = None) -> None:
+    def __init__(
+        self, bucket: str, prefix: str, *, endpoint_url: str | None = None, session=None
+    ) -> None:
+        """``session``: a boto3 session to use (its keys and region); None: boto3's default
+        chain, as a VM finds its instance role's keys."""
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.url = f"s3://{bucket}/{self.prefix}"
         try:
             import boto3
         except ImportError:
             raise StoreError("S3 needs boto3: pip install 'geo-orchestrator[aws]'") from None
-        self._client = boto3.client("s3", endpoint_url=endpoint_url)
+        self._client = (session or boto3).client("s3", endpoint_url=endpoint_url)
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -139,11 +143,11 @@ class S3Store:
         self._call("delete_object", key, Key=self._key(key))
 
 
-def open_store(url: str, *, endpoint_url: str | None = None) -> ObjectStore:
+def open_store(url: str, *, endpoint_url: str | None = None, session=None) -> ObjectStore:
     """A store for ``url``: ``s3://bucket[/prefix]`` or a local folder."""
     if url.startswith("s3://"):
         bucket, _, prefix = url[len("s3://") :].partition("/")
         if not bucket:
             raise StoreError(f"{url}: no bucket; write s3://bucket/prefix")
-        return S3Store(bucket, prefix, endpoint_url=endpoint_url)
+        return S3Store(bucket, prefix, endpoint_url=endpoint_url, session=session)
     return LocalStore(Path(url))

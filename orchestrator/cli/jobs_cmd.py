@@ -20,6 +20,7 @@ from pathlib import Path
 from orchestrator.catalog import Catalog
 from orchestrator.cli.output import format_table, print_json
 from orchestrator.driver.events import read_events
+from orchestrator.driver.hosts import ask_stop, refresh
 from orchestrator.driver.job import JOBS_DIR, STOP_FILE
 from orchestrator.driver.state import JobState, StateCorrupt, StateStore
 from orchestrator.driver.status import iso_time, status_row
@@ -114,6 +115,7 @@ def _load_all(jobs_dir: Path) -> tuple[list[JobState], list[tuple[str, UserError
         if problem is not None:
             broken.append((folder.name, UserError(problem, file=str(folder))))
             continue
+        refresh(folder)
         try:
             states.append(StateStore(folder).load().state)
         except StateCorrupt as error:
@@ -159,6 +161,7 @@ def run_stop(args: argparse.Namespace, catalog: Catalog) -> int:
         return 0
     try:
         (folder / STOP_FILE).write_text("stop\n")
+        ask_stop(folder)
     except OSError as exc:
         raise UserError(
             f"cannot ask the job to stop: {exc.strerror or exc}",
@@ -180,7 +183,9 @@ def _folder(args: argparse.Namespace, job: str) -> Path:
             field="JOB",
             fix="give a job's name as python -m orchestrator status lists them",
         )
-    return args.jobs_dir / job
+    folder = args.jobs_dir / job
+    refresh(folder)  # a job whose controller runs in a cloud: its state from its bucket
+    return folder
 
 
 def _load(folder: Path) -> JobState:

@@ -231,6 +231,8 @@ def node_boot(cloud: CloudSpec, job: str):
             num_gpus=0 if cloud.endpoint_url is not None else request.gpus_per_node,
             object_store_bytes=OBJECT_STORE_BYTES,
             grace_s=cloud.grace_s,
+            # a real VM's interface is found at boot (ens5 on AWS's Nitro VMs); emulated: eth0
+            public_iface="eth0" if cloud.endpoint_url is not None else "",
             notice_source=cloud.provider,
             shutdown_command=cloud.shutdown_command,
             log_file=f"{folder}/bootstrap.log",

@@ -37,7 +37,10 @@ from pathlib import Path
 LAUNCH_FILE = "controller.json"
 LEAVE_FILE = "controller.leaving"
 PLAN_FILE = "plan.json"
+RECIPE_FILE = "recipe.yaml"  # the recipe, in a folder that travels through the bucket
 SERVICE_READY_S = 30.0
+REAL_NODES_DIR = "/var/lib/geo-orchestrator/nodes"  # on each node's own disk
+WHEEL_S = 7 * 24 * 3600.0  # a node's install URL (presigned: at most 7 days, the role's keys' life)
 
 log = logging.getLogger(__name__)
 
@@ -63,17 +66,79 @@ class StandingEmulator:
         return self._call("interrupt_zone", zone=zone, notice_s=notice_s)["instances"]
 
 
-def run_controller(folder: Path) -> int:
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Hosted:
+    """A controller launched as an instance of its cloud (hosts.py): where its job's bucket is."""
+
+    provider: str
+    region: str
+    bucket_url: str
+    endpoint_url: str | None  # an emulated API's; None: the provider's own
+
+
+def run_controller(folder: Path, *, hosted: Hosted | None = None) -> int:
+    """Run the job of ``folder``; ``hosted``: its folder comes from (and goes back to) the
+    job's bucket, mirrored every ``bucket.MIRROR_S``."""
     from orchestrator.driver.lock import JobLock
 
-    launch = json.loads((folder / LAUNCH_FILE).read_text())
-    with JobLock.acquire(folder, job=folder.name):
-        (folder / LEAVE_FILE).unlink(missing_ok=True)
-        final, choice = _serve(folder, launch)
-    if choice is not None:
-        (folder / PLAN_FILE).write_text(json.dumps(choice.to_dict()))
+    mirror = _Mirror.start(folder, hosted) if hosted is not None else None
+    try:
+        launch = json.loads((folder / LAUNCH_FILE).read_text())
+        with JobLock.acquire(folder, job=folder.name):
+            (folder / LEAVE_FILE).unlink(missing_ok=True)
+            final, choice = _serve(folder, launch, hosted)
+        if choice is not None:
+            (folder / PLAN_FILE).write_text(json.dumps(choice.to_dict()))
+    finally:
+        if mirror is not None:
+            mirror.stop()  # its last push: the final state and the plan
     print(f"controller: job {folder.name} ended {final.phase} at step {final.step}", flush=True)
     return 0
+
+
+class _Mirror:
+    """The folder's state pushed to the job's bucket while the job runs, a stop pulled from it."""
+
+    def __init__(self, folder: Path, bucket) -> None:
+        import threading
+
+        self.folder, self.bucket = folder, bucket
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="bucket-mirror", daemon=True)
+
+    @classmethod
+    def start(cls, folder: Path, hosted: Hosted) -> _Mirror:
+        from orchestrator.driver.bucket import BucketRecord, JobBucket
+
+        record = BucketRecord(
+            url=hosted.bucket_url,
+            provider=hosted.provider,
+            region=hosted.region,
+            endpoint_url=hosted.endpoint_url,
+        )
+        bucket = JobBucket.open(record)  # with this VM's identity (its instance role)
+        bucket.pull(folder)
+        mirror = cls(folder, bucket)
+        mirror._thread.start()
+        return mirror
+
+    def _loop(self) -> None:
+        from orchestrator.driver.bucket import ASKED, FOLLOWED, MIRROR_S
+        from runtime.storage import StoreError
+
+        while not self._done.wait(MIRROR_S):
+            try:
+                self.bucket.push(self.folder, FOLLOWED)
+                self.bucket.pull(self.folder, ASKED)
+            except StoreError as error:  # the next round tries again
+                log.warning("bucket mirror: %s", error)
+
+    def stop(self) -> None:
+        from orchestrator.driver.bucket import FOLLOWED
+
+        self._done.set()
+        self._thread.join(timeout=30)
+        self.bucket.push(self.folder, FOLLOWED)
 
 
 def _leave(folder: Path) -> None:
@@ -81,32 +146,21 @@ def _leave(folder: Path) -> None:
     (folder / LEAVE_FILE).write_text("the controller VM shuts down\n")
 
 
-def _serve(folder: Path, launch: dict):
-    from orchestrator.catalog import default_catalog
+def _serve(folder: Path, launch: dict, hosted: Hosted | None):
     from orchestrator.driver.actor import DriverSpec
-    from orchestrator.driver.cloud import (
-        MIGRATION_S,
-        NOTICE_S,
-        CloudSpec,
-        EmulatorMarket,
-        emulated_credentials,
-        halt_self_command,
-    )
-    from orchestrator.driver.job import absolute_paths
+    from orchestrator.driver.cloud import MIGRATION_S, NOTICE_S, EmulatorMarket
     from orchestrator.driver.local import serve_and_follow
     from orchestrator.driver.standing import Registration
-    from orchestrator.recipe import load_recipe
-    from provisioners.local import vms
     from provisioners.local.cluster import session_name, start_head
     from provisioners.registry import provisioner_class
 
-    registration = Registration(**{**launch["cloud"], "regions": tuple(launch["cloud"]["regions"])})
-    if registration.provider == "aws":  # the controller VM's own keys (an instance profile's)
-        os.environ.update(emulated_credentials())
-    recipe = absolute_paths(load_recipe(Path(launch["recipe_path"]), catalog=default_catalog()))
-    if launch.get("profile"):
-        model = dataclasses.replace(recipe.model, profile=launch["profile"])
-        recipe = dataclasses.replace(recipe, model=model)
+    registration = None
+    if launch.get("cloud"):  # an emulated cloud: its control socket carries its own decisions
+        registration = Registration(
+            **{**launch["cloud"], "regions": tuple(launch["cloud"]["regions"])}
+        )
+    provider = hosted.provider if hosted else registration.provider
+    recipe = _recipe(folder, launch, bucket_url=hosted.bucket_url if _real(hosted) else None)
     own = folder / "controller"
     own.mkdir(mode=0o700, exist_ok=True)
     service, head = None, None
@@ -115,53 +169,48 @@ def _serve(folder: Path, launch: dict):
     ray_temp_root = str(run_dir / "ray")
     os.makedirs(ray_temp_root, mode=0o700, exist_ok=True)
     try:
-        service, overlay_ip, admin_socket, public_ip = _start_overlay(own, run_dir)
-        install = vms.controller_install(vms.build_wheel(own / "wheel"))
+        service, overlay_ip, admin_socket, public_ip = _start_overlay(
+            own, run_dir, real=_real(hosted)
+        )
         head = start_head(session_name(), 1, node_ip=overlay_ip)
-        wanted = {loc.split("/")[1] for loc in recipe.constraints.locations if "/" in loc}
-        cloud = CloudSpec(
-            provider=registration.provider,
-            # the recipe's regions: polling every region the emulation serves would be slow
-            regions=tuple(sorted(wanted & set(registration.regions))) or registration.regions,
-            endpoint_url=registration.endpoint,
+        cloud = _cloud_spec(
+            folder,
+            launch,
+            recipe,
+            registration=registration,
+            hosted=hosted,
             ray_address=head.address,
             admin_socket=str(admin_socket),
-            install=install,
-            nodes_dir=str(folder / "nodes"),
-            ray_env=tuple(vms.RAY_ENV.items()),
-            shutdown_command=halt_self_command(),
-            grace_s=recipe.recovery.controller_grace_s,
-            node_label=vms.NODE_LABEL,
-            api_token=registration.token,
-            account=registration.account,
             ray_temp_root=ray_temp_root,
             public_ip=public_ip,
         )
         _end_earlier_nodes(cloud, folder.name)
         spec = DriverSpec(
             recipe=recipe,
-            recipe_path=launch["recipe_path"],
+            recipe_path=str(folder / launch["recipe_path"]),  # absolute stays absolute
             jobs_dir=str(folder.parent),
             gateway=f"emulated-{folder.name}",
             preempt_at=tuple(launch.get("preempt_at", ())),
             preempt_location_at=tuple(launch.get("preempt_location_at", ())),
             lose_at=tuple(launch.get("lose_at", ())),
             migration_s=MIGRATION_S,
-            launch_timeout_s=provisioner_class(registration.provider).launch_timeout_s,
+            launch_timeout_s=provisioner_class(provider).launch_timeout_s,
             cloud=cloud,
         )
         notice_s = launch.get("notice_s")
-        market = EmulatorMarket(
-            StandingEmulator(registration), notice_s=NOTICE_S if notice_s is None else notice_s
-        )
+        market = None
+        if registration is not None:
+            market = EmulatorMarket(
+                StandingEmulator(registration), notice_s=NOTICE_S if notice_s is None else notice_s
+            )
         return serve_and_follow(
-            market,
+            market or _NoChaos(),
             spec,
             job=folder.name,
             address=head.address,
             controller=lambda: None,  # the driver on the head, in this VM
             on_step=None,
-            env=_aws_keys() if registration.provider == "aws" else None,
+            env=_aws_keys() if provider == "aws" else None,
             # after Ray's own handler (which would end this process at once)
             connected=lambda: signal.signal(signal.SIGTERM, lambda *_: _leave(folder)),
         )
@@ -174,21 +223,98 @@ def _serve(folder: Path, launch: dict):
         shutil.rmtree(run_dir, ignore_errors=True)
 
 
+class _NoChaos:
+    """A real cloud's market takes no orders: its reclaims are its own (the watchers hear them)."""
+
+    def __getattr__(self, name: str):
+        raise AttributeError(f"a real cloud has no {name}: --preempt-at needs --emulate")
+
+
+def _real(hosted: Hosted | None) -> bool:
+    return hosted is not None and hosted.endpoint_url is None
+
+
+def _recipe(folder: Path, launch: dict, *, bucket_url: str | None):
+    """The recipe as the driver reads it: the launch's profile, and on a real cloud
+    (``bucket_url``: the job's) the job's checkpoints in its bucket (a node's disk goes with the
+    node)."""
+    from orchestrator.catalog import default_catalog
+    from orchestrator.driver.job import absolute_paths
+    from orchestrator.recipe import load_recipe
+
+    recipe = absolute_paths(load_recipe(folder / launch["recipe_path"], catalog=default_catalog()))
+    if launch.get("profile"):
+        # a file the folder holds (measured on the laptop), else as the recipe says (analytic)
+        held = folder / launch["profile"]
+        profile = str(held) if held.is_file() else launch["profile"]
+        model = dataclasses.replace(recipe.model, profile=profile)
+        recipe = dataclasses.replace(recipe, model=model)
+    path = launch.get("checkpoint_path") or recipe.checkpointing.path
+    if bucket_url is not None and not path.startswith("s3://"):
+        path = f"{bucket_url}/checkpoints"
+    checkpointing = dataclasses.replace(recipe.checkpointing, path=path)
+    return dataclasses.replace(recipe, checkpointing=checkpointing)
+
+
+def _cloud_spec(folder: Path, launch: dict, recipe, *, registration, hosted, **where):
+    """How the driver reaches the provider and boots nodes into this controller's cluster."""
+    from orchestrator.driver.cloud import CloudSpec, emulated_credentials, halt_self_command
+    from orchestrator.driver.hosts import node_install
+    from orchestrator.driver.standing import emulator_regions
+    from provisioners.bootstrap.script import VM_SHUTDOWN
+    from provisioners.local import vms
+
+    provider = hosted.provider if hosted else registration.provider
+    if registration is not None and provider == "aws" and hosted is None:
+        os.environ.update(emulated_credentials())  # as an instance profile's keys would be
+    served = registration.regions if registration else tuple(emulator_regions(provider))
+    wanted = {loc.split("/")[1] for loc in recipe.constraints.locations if "/" in loc}
+    install = vms.controller_install(vms.build_wheel(folder / "controller" / "wheel"))
+    if _real(hosted):
+        from orchestrator.driver.cloud import _adapter_at
+
+        adapter = _adapter_at(
+            provider, regions=(hosted.region,), endpoint_url=None, api_token=None, account=None
+        )
+        install = node_install(install, adapter.presign(launch["wheel_url"], expires_s=WHEEL_S))
+    return CloudSpec(
+        provider=provider,
+        # the recipe's regions: polling every region the provider serves would be slow
+        regions=tuple(sorted(wanted & set(served))) or served,
+        endpoint_url=registration.endpoint if registration else None,
+        install=install,
+        nodes_dir=REAL_NODES_DIR if _real(hosted) else str(folder / "nodes"),
+        ray_env=tuple(vms.RAY_ENV.items()),
+        shutdown_command=VM_SHUTDOWN if _real(hosted) else halt_self_command(),
+        grace_s=recipe.recovery.controller_grace_s,
+        node_label=vms.NODE_LABEL,
+        api_token=registration.token if registration else None,
+        account=registration.account if registration else None,
+        **where,
+    )
+
+
 def _aws_keys() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith("AWS_")}
 
 
-def _start_overlay(own: Path, run_dir: Path) -> tuple[subprocess.Popen, str, Path, str]:
+def _start_overlay(
+    own: Path, run_dir: Path, *, real: bool
+) -> tuple[subprocess.Popen, str, Path, str]:
     """The firewall, then the join service on this VM's public address; the service, its overlay
-    address, its admin socket and the public address."""
+    address, its admin socket and the public address. ``real``: a cloud's VM, whose interface
+    holds a private address behind the cloud's NAT (its public one comes from the metadata)."""
     import select
 
     from provisioners.bootstrap.script import firewall_rules
     from provisioners.overlay import wg
     from provisioners.overlay.service import ADMIN_SOCKET, WG_PORT
 
-    subprocess.run(["nft", "-f", "-"], input=firewall_rules("eth0", WG_PORT), text=True, check=True)
-    public_ip = _address_of("eth0")
+    interface = _default_interface() if real else "eth0"
+    subprocess.run(
+        ["nft", "-f", "-"], input=firewall_rules(interface, WG_PORT), text=True, check=True
+    )
+    public_ip = _aws_public_ipv4() if real else _address_of(interface)
     job = own.parent.name
     admin_socket = run_dir / ADMIN_SOCKET
     with open(own / "overlay.log", "ab") as out:
@@ -219,18 +345,46 @@ def _address_of(interface: str) -> str:
     return json.loads(shown.stdout)[0]["addr_info"][0]["local"]
 
 
+def _default_interface() -> str:
+    shown = subprocess.run(
+        ["ip", "-j", "route", "show", "default"], capture_output=True, text=True, check=True
+    )
+    return json.loads(shown.stdout)[0]["dev"]
+
+
+def _aws_public_ipv4() -> str:
+    """The instance's public address, from its metadata (IMDSv2)."""
+    import urllib.request
+
+    base = "http://169.254.169.254/latest"
+    ask = urllib.request.Request(
+        f"{base}/api/token",
+        method="PUT",
+        headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"},
+    )
+    with urllib.request.urlopen(ask, timeout=5) as reply:
+        token = reply.read().decode()
+    get = urllib.request.Request(
+        f"{base}/meta-data/public-ipv4", headers={"X-aws-ec2-metadata-token": token}
+    )
+    with urllib.request.urlopen(get, timeout=5) as reply:
+        return reply.read().decode().strip()
+
+
 def _end_earlier_nodes(cloud, job: str) -> None:
     """Terminate the job's VMs an earlier controller left (they cannot join this head)."""
     from orchestrator.driver.cloud import adapter_for
+    from orchestrator.driver.hosts import ROLE_LABEL
     from provisioners.base import ProvisionerError
-    from provisioners.bootstrap.joined import JOB_LABEL
+    from provisioners.bootstrap.joined import JOB_LABEL, of_job
 
     adapter = adapter_for(cloud)
     try:
         left = [
             vm
             for vm in adapter.labelled(JOB_LABEL)
-            if vm.labels.get(JOB_LABEL) == job
+            if of_job(vm.labels, job)
+            and vm.labels.get(ROLE_LABEL) != "controller"  # this one among them
             and vm.state.value in ("pending", "running", "preempting")
         ]
         if left:
@@ -243,13 +397,30 @@ def _end_earlier_nodes(cloud, job: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.driver.controller")
-    parser.add_argument("--job-folder", type=Path, required=True)
+    where = parser.add_mutually_exclusive_group(required=True)
+    where.add_argument("--job-folder", type=Path, help="the job's folder, shared with submit")
+    where.add_argument("--bucket", help="the job's folder in its bucket (s3://.../jobs/JOB)")
+    parser.add_argument("--region", help="with --bucket: the bucket's (and this VM's) region")
+    parser.add_argument("--endpoint-url", help="with --bucket: an emulated cloud's API")
+    parser.add_argument("--jobs-dir", type=Path, default=Path("/var/lib/geo-orchestrator/jobs"))
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Ray's core worker would catch SIGTERM itself (a stack dump, then a stuck exit): the VM's
     # shutdown is ours to handle (``_leave``)
     os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"
-    return run_controller(args.job_folder)
+    if args.job_folder is not None:
+        return run_controller(args.job_folder)
+    if not args.region:
+        parser.error("--bucket needs --region")
+    os.environ.setdefault("AWS_DEFAULT_REGION", args.region)
+    hosted = Hosted(
+        provider="aws",
+        region=args.region,
+        bucket_url=args.bucket,
+        endpoint_url=args.endpoint_url,
+    )
+    folder = args.jobs_dir / args.bucket.rstrip("/").rsplit("/", 1)[-1]
+    return run_controller(folder, hosted=hosted)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,7 @@ def jobs_home() -> Path:
 
 JOBS_DIR = jobs_home()
 STOP_FILE = "stop.request"
+HOSTED = ("aws",)  # providers whose own VMs host a job's controller (hosts.py)
 KEY_FILE = "checkpoint.key"
 LOG_FILE = "driver.log"
 
@@ -125,18 +126,25 @@ def run_job(recipe_path: Path, catalog: Catalog, options: RunOptions) -> RunResu
             fix="drop --emulate, or write provider: aws",
         )
     if recipe.provider != "local" and not options.emulate:
+        if options.preempt_at or options.preempt_location_at or options.lose_at:
+            raise UserError(
+                "--preempt-at, --preempt-location-at and --lose-at are the emulated cloud's own "
+                f"decisions: {recipe.provider} itself takes no such orders",
+                file=str(recipe_path),
+                fix="add --emulate, or drop them",
+            )
         _check_credentials(recipe.provider, recipe_path)
-        raise UserError(
-            f"submit launches on {recipe.provider} itself in a later version (its controller VM "
-            "runs on the emulated clouds only so far); here it runs on the local simulated cloud "
-            "or an emulation",
-            file=str(recipe_path),
-            field="provider",
-            fix="add --emulate to train on the provider's emulation (aws, gcp, azure; as root), "
-            "or write provider: local",
-        )
+        if recipe.provider not in HOSTED:
+            raise UserError(
+                f"submit runs a job's controller on {', '.join(HOSTED)} itself in this version, "
+                f"not yet on {recipe.provider} (there it runs on the provider's emulation)",
+                file=str(recipe_path),
+                field="provider",
+                fix="add --emulate to train on the provider's emulation (aws, gcp, azure; as "
+                "root), write provider: aws, or plan and simulate for this provider",
+            )
     folder = job_folder(recipe, recipe_path, options.jobs_dir)
-    if options.emulate and options.controller_vm:
+    if recipe.provider != "local" and (options.controller_vm or not options.emulate):
         from orchestrator.driver.remote import run_with_controller
 
         return run_with_controller(recipe, recipe_path, folder, options)

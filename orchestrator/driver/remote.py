@@ -1,11 +1,17 @@
 """The submitting side of a job whose controller runs in a VM: launch it, follow it, relaunch it.
 
-``submit --emulate`` readies the job's folder (job.py ``prepare``: state, key, profile) while it
-holds the job's lock, writes the controller's launch (``controller.json``: the recipe, the chaos
-asked for, how to reach the cloud), lets the lock go and has the standing emulated cloud
-(standing.py; started when none stands) boot the controller VM (controller.py), which takes the
-lock and runs the job. From then on this process only follows, reading the job's state from its
-folder (the job's bucket) every ``FOLLOW_S``:
+``submit`` readies the job's folder (job.py ``prepare``: state, key, profile) while it holds the
+job's lock, writes the controller's launch (``controller.json``: the recipe, the chaos asked for,
+how to reach the cloud), lets the lock go and starts the controller VM (controller.py), which
+runs the job:
+
+- on a provider that hosts controllers (hosts.py ``CloudHost``: AWS, real or its standing
+  emulation) the folder is pushed to the job's bucket and the controller is an instance launched
+  through the provider's adapter; this process pulls the job's state back from the bucket;
+- on the other emulations (GCP, Azure) the standing emulated cloud (standing.py; started when
+  none stands) boots the controller VM itself, and the folder is shared.
+
+From then on this process only follows, reading the job's state every ``FOLLOW_S``:
 
 - each newly committed step is shown;
 - the controller VM gone while the job is not over (killed, lost, shut down): a new one is booted
@@ -44,9 +50,12 @@ def run_with_controller(
 ) -> RunResult:
     from orchestrator.driver import standing
     from orchestrator.driver.cloud import check_emulation
+    from orchestrator.driver.job import HOSTED
 
-    check_emulation(recipe.provider, recipe_path=recipe_path)
-    registration, started = standing.ensure(recipe.provider, refusals=options.emulated_refusals)
+    registration, started = None, False
+    if options.emulate:
+        check_emulation(recipe.provider, recipe_path=recipe_path)
+        registration, started = standing.ensure(recipe.provider, refusals=options.emulated_refusals)
     if started:
         print(
             f"emulated {recipe.provider}: started (its API at {registration.endpoint} on a "
@@ -54,51 +63,150 @@ def run_with_controller(
             file=sys.stderr,
         )
     begun = time.monotonic()
+    host = None
     try:
-        if holder(folder) is None:
-            _launch(recipe, recipe_path, folder, options, registration, first=True)
-        else:
-            print(f"job {folder.name} runs on its controller VM: following it", file=sys.stderr)
-        try:
-            final = _follow(registration, folder, options, recipe, recipe_path)
-        except KeyboardInterrupt:
-            print(
-                f"\njob {folder.name} goes on in its controller VM: "
-                f"`python -m orchestrator status {folder.name}` follows it, "
-                f"`python -m orchestrator stop {folder.name}` ends it",
-                file=sys.stderr,
+        if recipe.provider in HOSTED:
+            from orchestrator.driver.hosts import CloudHost, host_region
+
+            host = CloudHost(
+                recipe.provider, host_region(recipe, recipe.provider), registration=registration
             )
-            started = False  # the job runs on there
-            raise
+            final = _hosted(host, recipe, recipe_path, folder, options)
+        else:
+            final = _standing(registration, recipe, recipe_path, folder, options)
+    except KeyboardInterrupt:
+        print(
+            f"\njob {folder.name} goes on in its controller VM: "
+            f"`python -m orchestrator status {folder.name}` follows it, "
+            f"`python -m orchestrator stop {folder.name}` ends it",
+            file=sys.stderr,
+        )
+        started = False  # the job runs on there
+        raise
     finally:
-        if started and (holder(folder) is None):
+        if host is not None:
+            host.close()
+        if started and (host is None or not host.running(folder.name)) and holder(folder) is None:
             standing.stop(recipe.provider)
     return RunResult(final, folder, time.monotonic() - begun, _plan(folder))
 
 
-def _launch(recipe, recipe_path, folder, options, registration, *, first: bool) -> None:
-    """Ready the job's folder and boot its controller VM."""
+def _standing(registration, recipe, recipe_path, folder, options) -> JobState:
+    if holder(folder) is None:
+        _launch(recipe, recipe_path, folder, options, registration, first=True)
+    else:
+        print(f"job {folder.name} runs on its controller VM: following it", file=sys.stderr)
+    return _follow(registration, folder, options, recipe, recipe_path)
+
+
+def _hosted(host, recipe, recipe_path, folder: Path, options: RunOptions) -> JobState:
+    """Launch (or find) the job's controller instance and follow its state in the bucket."""
+    from orchestrator.driver.bucket import BucketRecord
+    from provisioners.base import ProvisionerError
+
+    try:
+        record = BucketRecord.load(folder)
+        if record is None or not host.running(folder.name):
+            record = host.record(folder.name)
+            _launch_hosted(host, record, recipe, recipe_path, folder, options, first=True)
+            following = False
+        else:
+            following = True
+    except ProvisionerError as error:  # one clear line: which cloud, which call, what to do
+        raise UserError(
+            f"{error.cloud}: {error.call}: {error.message} (nothing of the job runs)",
+            file=str(recipe_path),
+            fix=error.fix,
+        ) from None
+    if following:
+        print(
+            f"job {folder.name} runs on its controller VM ({host.describe()}): following it",
+            file=sys.stderr,
+        )
+    bucket = host.bucket(record)
+    return _watch(
+        folder,
+        options,
+        running=lambda: host.running(folder.name),
+        sync=lambda: host.follow(folder, record, bucket),
+        relaunch=lambda: _launch_hosted(
+            host, record, recipe, recipe_path, folder, options, first=False
+        ),
+        log_hint=f"the controller's console in the {host.describe()} console",
+    )
+
+
+def _launch_hosted(host, record, recipe, recipe_path, folder, options, *, first: bool) -> None:
+    from orchestrator.driver.controller import LEAVE_FILE
+    from provisioners.local import vms
+
+    wheel = vms.build_wheel(folder / "wheel")
+    _write_launch(
+        recipe,
+        recipe_path,
+        folder,
+        options,
+        cloud=host.registration,
+        first=first,
+        portable=True,
+        extra={} if host.registration else {"wheel_url": f"{record.url}/wheel/{wheel.name}"},
+    )
+    record.save(folder)
+    (folder / LEAVE_FILE).unlink(missing_ok=True)
+    print(
+        f"job {folder.name}: launching its controller VM on {host.describe()} "
+        f"(its state in {record.url})",
+        file=sys.stderr,
+    )
+    vm = host.launch(folder, record, wheel=wheel)
+    print(
+        f"job {folder.name}: controller VM {vm} runs; the job goes on there if this process goes",
+        file=sys.stderr,
+    )
+
+
+def _write_launch(
+    recipe, recipe_path, folder, options, *, cloud, first, portable, extra=None
+) -> None:
+    """Ready the job's folder under its lock and write the controller's launch. ``portable``:
+    the folder travels to another disk (the bucket): the recipe goes in it, paths are its own."""
     from dataclasses import asdict
 
-    from orchestrator.driver import standing
-    from orchestrator.driver.controller import LAUNCH_FILE, PLAN_FILE
+    from orchestrator.driver.controller import LAUNCH_FILE, PLAN_FILE, RECIPE_FILE
 
     with JobLock.acquire(folder, job=folder.name):
         (folder / PLAN_FILE).unlink(missing_ok=True)  # an earlier controller's
         ready, spec = prepare(recipe, recipe_path, folder, options if first else _again(options))
+        profile = ready.model.profile
         launch = {
             "recipe_path": spec.recipe_path,
-            "profile": ready.model.profile,
+            "profile": profile,
+            "checkpoint_path": ready.checkpointing.path,
             "preempt_at": list(spec.preempt_at),
             "preempt_location_at": list(spec.preempt_location_at),
             "lose_at": list(spec.lose_at),
             "notice_s": options.notice_s,
-            "cloud": asdict(registration),
+            "cloud": None if cloud is None else asdict(cloud),
+            **(extra or {}),
         }
+        if portable:
+            (folder / RECIPE_FILE).write_bytes(Path(spec.recipe_path).read_bytes())
+            launch["recipe_path"] = RECIPE_FILE
+            if profile and Path(profile).parent == folder:
+                launch["profile"] = Path(profile).name
         path = folder / LAUNCH_FILE
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w") as handle:
             json.dump(launch, handle)
+
+
+def _launch(recipe, recipe_path, folder, options, registration, *, first: bool) -> None:
+    """Ready the job's folder and have the standing emulated cloud boot its controller VM."""
+    from orchestrator.driver import standing
+
+    _write_launch(
+        recipe, recipe_path, folder, options, cloud=registration, first=first, portable=False
+    )
     from provisioners.local import vms
 
     env = {**vms._vm_env(checkout=True), "RAY_AUTH_MODE": "disabled"}
@@ -120,17 +228,10 @@ def _again(options: RunOptions) -> RunOptions:
 
 def _follow(registration, folder: Path, options: RunOptions, recipe, recipe_path) -> JobState:
     from orchestrator.driver import standing
-    from orchestrator.driver.controller import LEAVE_FILE
 
-    store, pause = StateStore(folder), threading.Event()
-    shown, lost_in_a_row, last_step = -1, 0, -1
-    while True:
-        state = store.load().state
-        if options.on_step is not None and state.step > shown and state.losses:
-            options.on_step(state, StepResult(loss=state.losses[-1]))
-        shown = max(shown, state.step)
+    def running() -> bool:
         try:
-            running = standing.call(registration, "controller", job=folder.name)
+            answer = standing.call(registration, "controller", job=folder.name)
         except (OSError, ValueError) as error:
             raise UserError(
                 f"the emulated {registration.provider} cloud stopped answering: {error}",
@@ -138,7 +239,32 @@ def _follow(registration, folder: Path, options: RunOptions, recipe, recipe_path
                 fix="read its log; `python -m orchestrator emulate up "
                 f"{registration.provider}` starts it again and submitting resumes the job",
             ) from None
-        if running["state"] != "running" and holder(folder) is None:
+        return answer["state"] == "running" or holder(folder) is not None
+
+    return _watch(
+        folder,
+        options,
+        running=running,
+        sync=lambda: None,  # the folder is shared
+        relaunch=lambda: _launch(recipe, recipe_path, folder, options, registration, first=False),
+        log_hint="the controller's console log under the emulated cloud's folder",
+    )
+
+
+def _watch(folder: Path, options: RunOptions, *, running, sync, relaunch, log_hint) -> JobState:
+    """Show each committed step; relaunch a controller gone before the job's end."""
+    from orchestrator.driver.controller import LEAVE_FILE
+
+    store, pause = StateStore(folder), threading.Event()
+    shown, lost_in_a_row, last_step = -1, 0, -1
+    while True:
+        sync()
+        state = store.load().state
+        if options.on_step is not None and state.step > shown and state.losses:
+            options.on_step(state, StepResult(loss=state.losses[-1]))
+        shown = max(shown, state.step)
+        if not running():
+            sync()
             state = store.load().state  # its last word
             if state.phase in FINAL and not (folder / LEAVE_FILE).exists():
                 return state
@@ -148,16 +274,15 @@ def _follow(registration, folder: Path, options: RunOptions, recipe, recipe_path
                 raise UserError(
                     f"job {folder.name}: {MAX_RELAUNCHES} controller VMs in a row ended with no "
                     "step committed",
-                    file=str(folder / "controller" / "overlay.log"),
-                    fix="read the controller's console log under the emulated cloud's folder "
-                    "and the job's driver.log",
+                    file=str(folder / "driver.log"),
+                    fix=f"read {log_hint} and the job's driver.log",
                 )
             print(
                 f"\njob {folder.name}: its controller VM is gone at step {state.step} "
                 f"({state.phase}); booting a new one, which resumes the job from its state",
                 file=sys.stderr,
             )
-            _launch(recipe, recipe_path, folder, options, registration, first=False)
+            relaunch()
         pause.wait(FOLLOW_S)
 
 

@@ -273,6 +273,10 @@ class _Daemon:
     def __init__(self, emulator, controllers: _Controllers, done: threading.Event) -> None:
         self.emulator, self.controllers, self.done = emulator, controllers, done
 
+    def _controller_instances(self, job: str) -> list[str]:
+        """The job's controller launched as an instance of the cloud (hosts.py CloudHost)."""
+        return self.emulator.tagged({"geo-job": job, "geo-role": "controller"})
+
     def answer(self, request: dict) -> dict:
         op = request["op"]
         if op == "ping":
@@ -291,8 +295,12 @@ class _Daemon:
         if op == "controller":
             return self.controllers.state(request["job"])
         if op == "shutdown_controller":
+            for instance in self._controller_instances(request["job"]):
+                self.emulator.shutdown(instance, grace_s=float(request["grace_s"]))
             return self.controllers.shutdown(request["job"], float(request["grace_s"]))
         if op == "kill_controller":
+            for instance in self._controller_instances(request["job"]):
+                self.emulator.lose(instance)
             return self.controllers.kill(request["job"])
         if op == "down":
             self.done.set()
@@ -353,6 +361,8 @@ def serve(provider: str, refusals: dict[str, str]) -> int:
         done.wait()
     finally:
         (folder / "cloud.json").unlink(missing_ok=True)
+        # the disks of its controller VMs (hosts.py CloudHost: a folder each), gone with them
+        shutil.rmtree(folder / "controllers", ignore_errors=True)
         if server is not None:
             server.shutdown()
         if emulator is not None:

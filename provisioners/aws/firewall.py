@@ -1,6 +1,7 @@
 """A job's security group: the overlay's UDP port from the job's own addresses, nothing else.
 
-Each region the job launches in gets one group, ``geo-<job>``, in its default VPC, tagged with the
+Each region the job launches in gets one group, ``geo-<job>`` (its controller another,
+``geo-<job>-controller``), in its default VPC, tagged with the
 job (so ``down`` and a look at the console find it). Its inbound rules are exactly the overlay's
 port from each source address as a /32 (the controller's and every node's public address); AWS
 keeps replies to what an instance opened (security groups are stateful) and all outbound traffic.
@@ -15,13 +16,12 @@ from typing import Any
 from provisioners.aws.sdk import call
 from provisioners.base import Firewall
 
-GROUP_NAME = "geo-{job}"
 JOB_TAG = "geo-job"
 
 
 def ensure_group(ec2: Any, firewall: Firewall) -> str:
     """The job's group in this client's region (made when missing); its id."""
-    name = GROUP_NAME.format(job=firewall.job)
+    name = firewall.name
     found = call(
         ec2, "describe_security_groups", Filters=[{"Name": "group-name", "Values": [name]}]
     )["SecurityGroups"]
@@ -31,7 +31,7 @@ def ensure_group(ec2: Any, firewall: Firewall) -> str:
         ec2,
         "create_security_group",
         GroupName=name,
-        Description=f"geo-orchestrator job {firewall.job}: its overlay (WireGuard) only",
+        Description=f"geo-orchestrator job {firewall.job} ({firewall.role}): its overlay only",
         TagSpecifications=[
             {"ResourceType": "security-group", "Tags": [{"Key": JOB_TAG, "Value": firewall.job}]}
         ],
@@ -47,7 +47,7 @@ def sync(ec2: Any, group_id: str, firewall: Firewall) -> None:
         for rule in group.get("IpPermissions", [])
         for r in rule.get("IpRanges", [])
     }
-    want = {("udp", firewall.port, firewall.port, f"{ip}/32") for ip in firewall.sources}
+    want = {("udp", firewall.port, firewall.port, cidr) for cidr in firewall.cidrs()}
     extra = have - want
     if want - have:
         call(ec2, "authorize_security_group_ingress", GroupId=group_id,

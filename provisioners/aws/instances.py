@@ -13,7 +13,21 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from provisioners.base import Event, Node, NodeLost, NodeReady, NodeState, PreemptionNotice
+from provisioners.base import (
+    Event,
+    LaunchRequest,
+    Node,
+    NodeLost,
+    NodeReady,
+    NodeState,
+    PreemptionNotice,
+)
+
+GANG_TAG = "geo-orchestrator:gang"
+SPOT_MARKET = {
+    "MarketType": "spot",
+    "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
+}
 
 NOTICE_WINDOW_S = 120.0  # AWS's documented spot interruption notice
 ALIVE = frozenset({NodeState.PENDING, NodeState.RUNNING, NodeState.PREEMPTING})
@@ -98,3 +112,36 @@ def _interrupted(
         or spot_status in NOTICE_CODES
         or tracked.notice_sent
     )
+
+
+def run_params(
+    request: LaunchRequest,
+    zone: str | None,
+    image: str,
+    *,
+    count: int,
+    user_data: str | None,
+) -> dict[str, Any]:
+    """``run_instances``'s parameters for ``count`` nodes of ``request``."""
+    tags = [{"Key": GANG_TAG, "Value": request.gang}, {"Key": "Name", "Value": request.gang}]
+    tags += [{"Key": k, "Value": v} for k, v in request.labels]
+    params: dict[str, Any] = {
+        "ImageId": image,
+        "InstanceType": request.instance_type,
+        "MinCount": count,
+        "MaxCount": count,
+        "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
+        # a VM that powers itself off (its bootstrap failed, its controller is gone) is gone,
+        # not a stopped instance that keeps its disk and its cost
+        "InstanceInitiatedShutdownBehavior": "terminate",
+        "MetadataOptions": {"HttpTokens": "required"},  # IMDSv2 only, as the watcher asks
+    }
+    if user_data is not None:
+        params["UserData"] = user_data  # boto3 base64-encodes it
+    if zone:
+        params["Placement"] = {"AvailabilityZone": zone}
+    if request.spot:
+        params["InstanceMarketOptions"] = SPOT_MARKET
+    if request.identity is not None:
+        params["IamInstanceProfile"] = {"Name": request.identity}
+    return params

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from provisioners.aws import firewall as job_firewall
+from provisioners.aws import hosting
 from provisioners.aws import offers as market
 from provisioners.aws.instances import (
     ALIVE,
@@ -24,6 +25,7 @@ from provisioners.aws.instances import (
     Tracked,
     infra_of,
     launched_at_s,
+    run_params,
     transition,
 )
 from provisioners.aws.sdk import (
@@ -45,6 +47,7 @@ from provisioners.base import (
     Event,
     Feature,
     Firewall,
+    Identities,
     LabelledVm,
     LaunchRequest,
     Node,
@@ -64,15 +67,10 @@ log = logging.getLogger(__name__)
 DEFAULT_AMI_PARAMETER = (
     "/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu-ubuntu-22.04/latest/ami-id"
 )
-GANG_TAG = "geo-orchestrator:gang"
 PRICING_REGION = "us-east-1"  # the Pricing API answers from us-east-1 for every region
 FALLBACK_REGION = "us-east-1"  # where region-less calls go when the session names no region
 # the states of an instance that still runs or bills (stopped EBS volumes do): what a sweep lists
 LISTED_STATES = ["pending", "running", "stopping", "stopped"]
-SPOT_MARKET = {
-    "MarketType": "spot",
-    "SpotOptions": {"SpotInstanceType": "one-time", "InstanceInterruptionBehavior": "terminate"},
-}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -139,7 +137,7 @@ class AwsProvisioner(Provisioner):
         # facts that do not change while we run: GPU types per region, AMI per region, list prices
         self._gpu_types: dict[str, dict[str, market.GpuInstanceType]] = {}
         self._launched_types: dict[str, market.GpuInstanceType] = {}  # looked up at launch
-        self._groups: dict[str, str] = {}  # region -> the job's security group there
+        self._groups: dict[tuple[str, str], str] = {}  # (region, name) -> a job's group there
         self._images: dict[str, str] = {}
         self._on_demand: dict[tuple[str, str], float | None] = {}
         self._closed = threading.Event()  # set by close(); also what polling waits on
@@ -282,7 +280,7 @@ class AwsProvisioner(Provisioner):
         ids: list[str] = []
         try:
             for count, script in batches:
-                params = self._run_params(request, zone, image, count=count, user_data=script)
+                params = run_params(request, zone, image, count=count, user_data=script)
                 if request.firewall is not None:
                     params["SecurityGroupIds"] = [self._group(ec2, region, request.firewall)]
                 reply = call(ec2, "run_instances", **params)
@@ -298,42 +296,18 @@ class AwsProvisioner(Provisioner):
             self._pending.append(NodeReady(node=node))
         return nodes
 
-    def _run_params(
-        self,
-        request: LaunchRequest,
-        zone: str | None,
-        image: str,
-        *,
-        count: int,
-        user_data: str | None,
-    ) -> dict[str, Any]:
-        tags = [{"Key": GANG_TAG, "Value": request.gang}, {"Key": "Name", "Value": request.gang}]
-        tags += [{"Key": k, "Value": v} for k, v in request.labels]
-        params: dict[str, Any] = {
-            "ImageId": image,
-            "InstanceType": request.instance_type,
-            "MinCount": count,
-            "MaxCount": count,
-            "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}],
-        }
-        if user_data is not None:
-            params["UserData"] = user_data  # boto3 base64-encodes it
-        if zone:
-            params["Placement"] = {"AvailabilityZone": zone}
-        if request.spot:
-            params["InstanceMarketOptions"] = SPOT_MARKET
-        return params
-
     def _group(self, ec2: Any, region: str, firewall: Firewall) -> str:
         """The job's security group in ``region``, its rules as ``firewall`` says."""
-        if region not in self._groups:
-            self._groups[region] = job_firewall.ensure_group(ec2, firewall)
-        job_firewall.sync(ec2, self._groups[region], firewall)
-        return self._groups[region]
+        key = (region, firewall.name)
+        if key not in self._groups:
+            self._groups[key] = job_firewall.ensure_group(ec2, firewall)
+        job_firewall.sync(ec2, self._groups[key], firewall)
+        return self._groups[key]
 
     def open_overlay(self, firewall: Firewall) -> None:
-        for region, group in self._groups.items():
-            job_firewall.sync(self._client("ec2", region), group, firewall)
+        for (region, name), group in self._groups.items():
+            if name == firewall.name:
+                job_firewall.sync(self._client("ec2", region), group, firewall)
 
     def _image(self, region: str) -> str:
         if self.config.image_id:
@@ -558,6 +532,32 @@ class AwsProvisioner(Provisioner):
                 "aws: cannot read spot requests, so no preemption notices: %s", error.message
             )
             return {}
+
+    # ---- hosting a job's controller (hosting.py) -------------------------------------------------
+
+    def job_bucket(self, region: str) -> str:
+        account = hosting.account_of(self._client("sts", region))
+        return hosting.ensure_bucket(self._s3(region), hosting.bucket_name(account, region), region)
+
+    def identities(self, bucket_url: str) -> Identities:
+        return hosting.ensure_identities(self._client("iam", "us-east-1"), bucket_url)
+
+    def presign(self, url: str, *, expires_s: float) -> str:
+        region = (self.config.regions or ("us-east-1",))[0]
+        return hosting.presign(self._s3(region), url, expires_s=expires_s)
+
+    def _s3(self, region: str) -> Any:
+        """S3 by path (an emulated endpoint is an address, with no bucket subdomains)."""
+        key = ("s3", region)
+        if key not in self._clients:
+            from botocore.config import Config
+
+            extra = {"endpoint_url": self.config.endpoint_url} if self.config.endpoint_url else {}
+            style = Config(s3={"addressing_style": "path"}) if extra else None
+            self._clients[key] = self._get_session().client(
+                "s3", region_name=region, config=style, **extra
+            )
+        return self._clients[key]
 
     def close(self) -> None:
         self._closed.set()

@@ -1,59 +1,11 @@
-# ---- the body of every node's bootstrap (provisioners/bootstrap/script.py renders the header) ----
-# Steps: log, install (the controller's versions: never "latest"), close the public interface to
-# all but WireGuard, join the overlay with the one-use token, start Ray on the overlay address
-# with the node's labels and resources, then become the node's watcher. Any failed step prints
-# GEO-BOOTSTRAP-FAILED with the log's last lines (the console the cloud shows) and shuts the node
-# down: a node that cannot join is never left running.
-set -Eeuo pipefail
-umask 077
-mkdir -p "$NODE_DIR"
-exec >>"$LOG_FILE" 2>&1
-if [ -n "${CONSOLE:-}" ] && [ -w "$CONSOLE" ]; then
-  exec > >(tee -a "$CONSOLE") 2>&1
-fi
-
-step=start
-fail() {
-  local code=$?
-  trap - ERR
-  echo "GEO-BOOTSTRAP-FAILED node=$NODE step=$step exit=$code"
-  tail -n "$TAIL_LINES" "$LOG_FILE" | grep -v GEO-BOOTSTRAP-FAILED || true
-  eval "$SHUTDOWN_COMMAND" || true
-  exit "$code"
-}
-trap fail ERR
-say() { echo "$(date -u +%H:%M:%S) bootstrap[$NODE] $*"; }
-
-step=install
-say "installing $PACKAGE_WHEEL (ray $RAY_VERSION, torch $TORCH_VERSION) into $VENV"
-case "$INSTALL_MODE" in
-  local)
-    # the local cloud: no download; the controller's Ray and torch are seen through a .pth file
-    "$PYTHON" -m venv --without-pip "$VENV"
-    site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-    printf '%s\n' "${CONTROLLER_SITE//:/$'\n'}" >"$site/controller.pth"
-    "$PYTHON" -m pip --python "$VENV/bin/python" install -q --no-deps --no-index "$PACKAGE_WHEEL"
-    ;;
-  pip)
-    "$PYTHON" -m venv "$VENV"
-    "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" --index-url "$TORCH_INDEX_URL"
-    "$VENV/bin/pip" install -q "ray[default]==$RAY_VERSION" "$PACKAGE_WHEEL"
-    ;;
-  *)
-    echo "unknown INSTALL_MODE $INSTALL_MODE"
-    false
-    ;;
-esac
-# the versions as installed (read from their metadata: importing torch would cost seconds)
-"$VENV/bin/python" - <<EOF
-import importlib.metadata as m
-for name, want in (("geo-orchestrator", "$PACKAGE_VERSION"), ("ray", "$RAY_VERSION"),
-                   ("torch", "$TORCH_VERSION")):
-    have = m.version(name)
-    assert have == want, f"{name} {have} installed, the controller runs {want}"
-EOF
-
+# ---- a node's part (after common.sh): join the overlay and Ray, then watch ----
+# Close the public interface to all but WireGuard, join the overlay with the one-use token, start
+# Ray on the overlay address with the node's labels and resources, then become the node's watcher.
 step=firewall
+if [ -z "$PUBLIC_IFACE" ]; then  # a real VM's: its default route's (ens5 on AWS's Nitro VMs)
+  PUBLIC_IFACE=$(ip -o route show default | awk '{print $5; exit}')
+  FIREWALL_RULES=${FIREWALL_RULES//@PUBLIC_IFACE@/$PUBLIC_IFACE}
+fi
 say "public interface $PUBLIC_IFACE: only UDP $WG_PORT in"
 printf '%s' "$FIREWALL_RULES" | nft -f -
 

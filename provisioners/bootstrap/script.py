@@ -83,7 +83,7 @@ class NodeBoot:
     num_gpus: int
     object_store_bytes: int
     grace_s: float  # the dead-man switch: shut down when the controller is gone this long
-    public_iface: str = "eth0"
+    public_iface: str = "eth0"  # "": the interface of the VM's default route, found at boot
     wg_port: int = 51820
     notice_source: Literal["none", "aws", "gcp", "azure"] = "none"
     shutdown_command: str = VM_SHUTDOWN
@@ -97,25 +97,30 @@ class NodeBoot:
     ray_temp_dir: str = "/tmp/ray"
 
 
-def body() -> str:
-    return resources.files("provisioners.bootstrap").joinpath("node.sh").read_text()
+@dataclass(frozen=True, kw_only=True)
+class ControllerBoot:
+    """A job's controller VM: install as a node does, then run the controller program with
+    ``args`` (no secret among them: the program reads the job from its bucket with the VM's own
+    identity) and power off when it ends."""
+
+    job: str
+    install: Install
+    args: tuple[str, ...]  # ``python -m orchestrator.driver.controller`` ARGS
+    vm_dir: str = "/var/lib/geo-orchestrator"  # the VM's own folder: venv, log, jobs
+    env: dict[str, str] = field(default_factory=dict)  # e.g. an emulated API's endpoint
+    shutdown_command: str = VM_SHUTDOWN
+    log_file: str = CLOUD_LOG_FILE
+    console: str = ""
 
 
-def render(boot: NodeBoot) -> str:
-    """The whole script: ``#!/bin/bash``, the header, the body."""
-    for kind, pairs in (("label", boot.labels), ("environment variable", boot.ray_env)):
-        for name, text in pairs.items():
-            if not name or any(c in f"{name}{text}" for c in " \t\n,=\"'\\"):
-                raise ValueError(f"{kind} {name}={text!r}: no blanks, commas, quotes or '='")
-    install = boot.install
-    values = {
-        "JOB": boot.job,
-        "NODE": boot.node,
-        "NODE_DIR": boot.node_dir,
-        "VENV": f"{boot.node_dir}/venv",
-        "LOG_FILE": boot.log_file,
-        "CONSOLE": boot.console,
-        "TAIL_LINES": str(TAIL_LINES),
+def body(part: str = "node") -> str:
+    """``common.sh`` (log, packages, install) followed by the ``part``'s own steps."""
+    files = resources.files("provisioners.bootstrap")
+    return files.joinpath("common.sh").read_text() + files.joinpath(f"{part}.sh").read_text()
+
+
+def _install_values(install: Install) -> dict[str, str]:
+    return {
         "INSTALL_MODE": install.mode,
         "PYTHON": install.python,
         "CONTROLLER_SITE": ":".join(install.controller_site),
@@ -124,9 +129,58 @@ def render(boot: NodeBoot) -> str:
         "RAY_VERSION": install.ray_version,
         "TORCH_VERSION": install.torch_version,
         "TORCH_INDEX_URL": install.torch_index_url,
+    }
+
+
+def _plain(kind: str, pairs: dict[str, str]) -> None:
+    """Values the script word-splits: no blanks, commas, quotes or '='."""
+    for name, text in pairs.items():
+        if not name or any(c in f"{name}{text}" for c in " \t\n,=\"'\\"):
+            raise ValueError(f"{kind} {name}={text!r}: no blanks, commas, quotes or '='")
+
+
+def _script(title: str, values: dict[str, str], part: str) -> str:
+    header = "\n".join(f"{name}={shlex.quote(value)}" for name, value in values.items())
+    return f"#!/bin/bash\n# geo-orchestrator {title}\n{header}\n{body(part)}"
+
+
+def render_controller(boot: ControllerBoot) -> str:
+    """The controller VM's whole script."""
+    _plain("environment variable", boot.env)
+    _plain("argument", {f"args[{i}]": a for i, a in enumerate(boot.args)})
+    values = {
+        "JOB": boot.job,
+        "NODE": "controller",
+        "NODE_DIR": boot.vm_dir,
+        "VENV": f"{boot.vm_dir}/venv",
+        "JOBS_DIR": f"{boot.vm_dir}/jobs",
+        "LOG_FILE": boot.log_file,
+        "CONSOLE": boot.console,
+        "TAIL_LINES": str(TAIL_LINES),
+        **_install_values(boot.install),
+        "SHUTDOWN_COMMAND": boot.shutdown_command,
+        "CONTROLLER_ARGS": " ".join(boot.args),
+        "CONTROLLER_ENV": " ".join(f"{k}={v}" for k, v in sorted(boot.env.items())),
+    }
+    return _script(f"controller bootstrap: job {boot.job}", values, "controller")
+
+
+def render(boot: NodeBoot) -> str:
+    """The whole script: ``#!/bin/bash``, the header, the body."""
+    _plain("label", boot.labels)
+    _plain("environment variable", boot.ray_env)
+    values = {
+        "JOB": boot.job,
+        "NODE": boot.node,
+        "NODE_DIR": boot.node_dir,
+        "VENV": f"{boot.node_dir}/venv",
+        "LOG_FILE": boot.log_file,
+        "CONSOLE": boot.console,
+        "TAIL_LINES": str(TAIL_LINES),
+        **_install_values(boot.install),
         "PUBLIC_IFACE": boot.public_iface,
         "WG_PORT": str(boot.wg_port),
-        "FIREWALL_RULES": firewall_rules(boot.public_iface, boot.wg_port),
+        "FIREWALL_RULES": firewall_rules(boot.public_iface or "@PUBLIC_IFACE@", boot.wg_port),
         "JOIN_TOKEN": boot.join_token,
         "JOIN_TIMEOUT_S": f"{boot.join_timeout_s:g}",
         "RAY_ADDRESS": boot.ray_address,
@@ -141,8 +195,7 @@ def render(boot: NodeBoot) -> str:
         "SHUTDOWN_COMMAND": boot.shutdown_command,
         "RAY_ENV": " ".join(f"{k}={v}" for k, v in sorted(boot.ray_env.items())),
     }
-    header = "\n".join(f"{name}={shlex.quote(value)}" for name, value in values.items())
-    return f"#!/bin/bash\n# geo-orchestrator node bootstrap: job {boot.job}, node {boot.node}\n{header}\n{body()}"
+    return _script(f"node bootstrap: job {boot.job}, node {boot.node}", values, "node")
 
 
 def aws_user_data(script: str) -> str:

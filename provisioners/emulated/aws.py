@@ -123,14 +123,41 @@ class EmulatedAws(EmulatedCloud):
                 rules.update((rule.ip_protocol or "-1", first, last, s) for s in sources)
         return tuple(sorted(rules))
 
-    @staticmethod
-    def _metadata(vm: netns.Vm, seen: Seen) -> MetadataService:
+    def _metadata(self, vm: netns.Vm, seen: Seen) -> MetadataService:
         return MetadataService(
             vm,
             InstanceMetadata(
-                instance_id=seen.instance_id, launch_index=seen.launch_index, zone=seen.zone
+                instance_id=seen.instance_id,
+                launch_index=seen.launch_index,
+                zone=seen.zone,
+                role=self._role_of(seen.instance_id),
             ),
         )
+
+    def tagged(self, tags: dict[str, str]) -> list[str]:
+        return [
+            i.id
+            for i in self._instances().values()
+            if self.vm_of(i.id) is not None
+            and tags.items() <= {t["key"]: t["value"] for t in i.get_tags()}.items()
+        ]
+
+    def _role_of(self, instance_id: str) -> str | None:
+        """The role of the instance profile the instance was launched with (moto checked that
+        the profile exists), or None."""
+        instance = self._instances().get(instance_id)
+        profile = getattr(instance, "iam_instance_profile", None) or {}
+        name = profile.get("Name") or str(profile.get("Arn", "")).rsplit("/", 1)[-1]
+        if not name:
+            return None
+        from moto.iam.exceptions import NotFoundException
+        from moto.iam.models import iam_backends
+
+        try:
+            found = iam_backends[ACCOUNT_ID]["aws"].get_instance_profile(name)
+        except NotFoundException:  # deleted since the launch
+            return None
+        return found.roles[0].name if found.roles else None
 
     def _ended(self, instance_id: str, why: str) -> None:
         """The instance's VM is gone: EC2 terminates it with the reason it gives."""

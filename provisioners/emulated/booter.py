@@ -159,6 +159,24 @@ class Booter:
             self.interrupt(instance_id, notice_s=notice_s)
         return taken
 
+    def shutdown(self, instance_id: str, *, grace_s: float) -> None:
+        """The VM's orderly shutdown, as an ACPI power button or ``shutdown`` starts it: its boot
+        script gets SIGTERM (to hand on to what it runs), and the VM goes once the script has
+        ended or after ``grace_s``; its instance ends ``shutdown``."""
+        import signal
+
+        with self._lock:
+            booted = self._booted[instance_id]
+        if booted.process is not None and booted.process.poll() is None:
+            booted.process.send_signal(signal.SIGTERM)
+            try:
+                booted.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass  # powered off regardless
+        with self._lock:
+            if instance_id in self._booted:
+                booted.ends_at_s, booted.why = time.time(), "shutdown"
+
     def lose(self, instance_id: str) -> None:
         """The instance's host fails: its VM goes now, with no notice."""
         with self._lock:
@@ -250,6 +268,14 @@ class EmulatedCloud(abc.ABC):
 
     def lose(self, instance_id: str) -> None:
         self.booter.lose(instance_id)
+
+    def shutdown(self, instance_id: str, *, grace_s: float) -> None:
+        self.booter.shutdown(instance_id, grace_s=grace_s)
+
+    def tagged(self, tags: dict[str, str]) -> list[str]:
+        """The instances with a VM whose tags (labels) include ``tags``: what the cloud's own
+        console finds by tag. An emulation that cannot tell answers none."""
+        return []
 
     def vm_of(self, instance_id: str) -> netns.Vm | None:
         return self.booter.vm_of(instance_id)

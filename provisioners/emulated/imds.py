@@ -6,7 +6,10 @@ server bound there in the VM's namespace answers what a node asks of it.
 - EC2 (IMDSv2, ``InstanceMetadata``): a session token (``PUT /latest/api/token``), then, with that
   token only, ``instance-id``, ``ami-launch-index``, ``placement/availability-zone`` and
   ``spot/instance-action`` (404 until a notice is given, then ``{"action": "terminate", "time":
-  ...}``, as EC2 does two minutes before a spot reclaim).
+  ...}``, as EC2 does two minutes before a spot reclaim), and for an instance launched with an
+  instance profile ``iam/security-credentials/<role>``: keys made for the instance, which the
+  SDKs' credential chains find as they find a real instance role's (the emulated API accepts
+  any key).
 - GCE (``GceMetadata``): only with ``Metadata-Flavor: Google`` (403 without, as GCE answers),
   ``/computeMetadata/v1/instance/`` ``id``, ``name``, ``zone`` and ``preempted`` (``FALSE``, then
   ``TRUE`` from the preemption notice on, about 30 s before the VM stops).
@@ -38,6 +41,8 @@ class InstanceMetadata:
     zone: str
     notice_at_s: float | None = None  # the reclaim time once a notice is given (Unix s)
     tokens: set[str] = field(default_factory=set)
+    role: str | None = None  # the instance profile's role, if it was launched with one
+    keys: dict[str, str] = field(default_factory=dict, repr=False)
 
     def notice(self, at_s: float) -> None:
         """A spot reclaim at ``at_s``: ``spot/instance-action`` answers from now on."""
@@ -48,6 +53,8 @@ class InstanceMetadata:
         if not path.startswith(base):
             return None
         key = path[len(base) :]
+        if key.startswith("iam/security-credentials/"):
+            return self._role_keys(key[len("iam/security-credentials/") :])
         if key == "spot/instance-action":
             if self.notice_at_s is None:
                 return None
@@ -58,6 +65,24 @@ class InstanceMetadata:
             "ami-launch-index": str(self.launch_index),
             "placement/availability-zone": self.zone,
         }.get(key)
+
+    def _role_keys(self, role: str) -> str | None:
+        if self.role is None:
+            return None
+        if not role:
+            return self.role  # the listing: the role's name
+        if role != self.role:
+            return None
+        if not self.keys:
+            self.keys = {
+                "AccessKeyId": "ASIA" + secrets.token_hex(8).upper(),
+                "SecretAccessKey": secrets.token_urlsafe(30),
+                "Token": secrets.token_urlsafe(60),
+            }
+        expires = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() + 6 * 3600))
+        return json.dumps(
+            {"Code": "Success", "Type": "AWS-HMAC", **self.keys, "Expiration": expires}
+        )
 
 
 class _Quiet(http.server.BaseHTTPRequestHandler):

@@ -18,22 +18,24 @@ from provisioners.base import Firewall
 from provisioners.gcp import sdk
 
 
-def rule_name(job: str) -> str:
-    """The rule's name, also the network tag (lowercase letters, digits, '-'; a letter first)."""
-    return ("geo-" + re.sub(r"[^a-z0-9-]", "-", job.lower()))[:63].rstrip("-")
+def rule_name(name: str) -> str:
+    """The rule's name from the firewall's (``Firewall.name``), also the network tag (lowercase
+    letters, digits, '-'; a letter first)."""
+    return re.sub(r"[^a-z0-9-]", "-", name.lower())[:63].rstrip("-")
 
 
 def open_overlay(api: Any, *, network: str, firewall: Firewall) -> None:
     compute = sdk.compute_module()
-    name = rule_name(firewall.job)
+    name = rule_name(firewall.name)
     rule = compute.Firewall(
         name=name,
         network=network,
         direction="INGRESS",
         priority=1000,
-        description=f"geo-orchestrator job {firewall.job}: its overlay (WireGuard) only",
+        description=f"geo-orchestrator job {firewall.job} ({firewall.role}): its overlay "
+        "(WireGuard) only",
         target_tags=[name],
-        source_ranges=[f"{ip}/32" for ip in firewall.sources],
+        source_ranges=list(firewall.cidrs()),
         allowed=[compute.Allowed(I_p_protocol="udp", ports=[str(firewall.port)])],
     )
     client = api.client("FirewallsClient")

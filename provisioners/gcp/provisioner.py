@@ -260,7 +260,7 @@ class GcpProvisioner(Provisioner):
         if firewall is None:
             return ()
         self.open_overlay(firewall)
-        return (job_firewall.rule_name(firewall.job),)
+        return (job_firewall.rule_name(firewall.name),)
 
     def open_overlay(self, firewall: Firewall) -> None:
         job_firewall.open_overlay(self._api, network=self.options.vm.network, firewall=firewall)

@@ -123,8 +123,24 @@ def controller_install(wheel: Path) -> Install:
         ray_version=metadata.version("ray"),
         torch_version=metadata.version("torch"),
         python=sys.executable,
-        controller_site=tuple(site.getsitepackages()),
+        controller_site=_sites(site.getsitepackages()),
     )
+
+
+def _sites(own: list[str]) -> tuple[str, ...]:
+    """Where this interpreter finds its packages: its site folders, and those that Ray's, torch's
+    and boto3's folders lie in (a controller that itself runs in a VM's venv sees them through
+    a .pth file, which a node's venv would not follow)."""
+    import importlib.util
+
+    found = list(own)
+    for name in ("ray", "torch", "boto3", "moto"):
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.origin:
+            folder = str(Path(spec.origin).parent.parent)
+            if folder not in found:
+                found.append(folder)
+    return tuple(found)
 
 
 class NamespaceCluster(ClusterNodes):

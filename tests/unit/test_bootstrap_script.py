@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import dataclasses
 import subprocess
 
 import pytest
@@ -38,6 +39,7 @@ def _boot(**changes) -> NodeBoot:
 
 def _header_values(text: str, names: list[str]) -> list[str]:
     """Run the script's header (not its body) in bash and echo the named variables."""
+    assert "# ---- the body" in text, "the header's end is marked (else the whole script runs)"
     header = text.split("# ---- the body")[0]
     shown = "".join(f'printf "%s\\0" "${name}";' for name in names)
     done = subprocess.run(["bash", "-c", header + shown], capture_output=True, check=True)
@@ -109,3 +111,23 @@ def test_a_script_over_a_providers_limit_is_refused_with_the_limit_named():
     with pytest.raises(script.ScriptTooLarge, match="16384"):
         script.aws_user_data(big)
     assert script.gcp_metadata(big)  # 256 KiB is room enough
+
+
+def test_a_controller_vm_installs_then_runs_the_controller_and_powers_off():
+    boot = script.ControllerBoot(
+        job="job-1",
+        install=_boot().install,
+        args=("--bucket", "s3://geo-orchestrator-1-us-east-1/jobs/job-1", "--region", "us-east-1"),
+    )
+    text = script.render_controller(boot)
+    subprocess.run(["bash", "-n"], input=text.encode(), check=True)
+    assert _header_values(text, ["CONTROLLER_ARGS", "JOBS_DIR", "SHUTDOWN_COMMAND"]) == [
+        "--bucket s3://geo-orchestrator-1-us-east-1/jobs/job-1 --region us-east-1",
+        "/var/lib/geo-orchestrator/jobs",
+        "shutdown -h now",
+    ]
+    body = text.split("step=controller")[1]
+    # SIGTERM (the VM's shutdown) is handed to the program; the VM powers off after it
+    assert 'kill -TERM "$program"' in body and body.index("wait") < body.index("SHUTDOWN_COMMAND")
+    with pytest.raises(ValueError, match="no blanks"):
+        script.render_controller(dataclasses.replace(boot, args=("--bucket", "a b")))

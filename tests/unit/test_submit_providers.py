@@ -46,15 +46,36 @@ def test_a_provider_without_credentials_is_named_with_a_fix(tmp_path, capsys, no
     assert not (tmp_path / "jobs").exists()
 
 
-def test_a_provider_with_credentials_is_refused_in_this_version(tmp_path, capsys, monkeypatch):
+def test_a_cloud_that_does_not_answer_gives_one_line_and_launches_nothing(
+    tmp_path, capsys, monkeypatch
+):
+    """With credentials, submit asks AWS for the job's bucket first: an endpoint that refuses
+    (here a closed local port) is one line naming the cloud and the call."""
+    import socket
+
     pytest.importorskip("boto3")
+    with socket.socket() as closed:
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIAEXAMPLEEXAMPLE00")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-a-real-secret-but-well-formed-0000000")
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+    monkeypatch.setenv("AWS_MAX_ATTEMPTS", "1")
     code = main(["submit", str(_aws_recipe(tmp_path)), "--jobs-dir", str(tmp_path / "jobs")])
     err = capsys.readouterr().err
-    assert code == 2 and "local simulated cloud" in err and "--emulate" in err
+    assert code == 2 and "Traceback" not in err
+    assert "aws: sts.get_caller_identity" in err and "nothing of the job runs" in err
     assert "not-a-real-secret" not in err
+
+
+def test_a_real_cloud_takes_no_chaos_orders(tmp_path, capsys):
+    code = main(
+        ["submit", str(_aws_recipe(tmp_path)), "--preempt-at", "5"]
+        + ["--jobs-dir", str(tmp_path / "jobs")]
+    )
+    err = capsys.readouterr().err
+    assert code == 2 and "--emulate" in err and "Traceback" not in err
 
 
 def test_emulate_is_for_cloud_providers_and_says_so(tmp_path, capsys):

@@ -1,0 +1,269 @@
+"""Where a job's controller VM runs, as the submitting side sees it: launched, watched, followed.
+
+``remote.py`` follows a job whose controller runs in a VM; a host is how it reaches that VM:
+
+- ``CloudHost``: the controller is an on-demand CPU instance launched through the provider's own
+  adapter, as every other VM (AWS: ``run_instances`` with the controller's boot script as
+  user-data, the instance profile ``geo-orchestrator-controller`` as its identity, a security group
+  open to the overlay's UDP port only). The job's folder lives in the account's bucket (bucket.py):
+  the laptop pushes the job there and pulls its state back. The same class drives a real account
+  and a standing emulated one (moto's EC2 and S3 on the simulated internet, every instance booted
+  as a namespace VM from its user-data), so the emulation tests the real path.
+- ``StandingHost``: the emulated cloud's daemon boots the controller VM itself (its control
+  socket), sharing this machine's jobs folder: the emulations whose API has no bucket yet (GCP,
+  Azure).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from pathlib import Path
+
+from orchestrator.driver.bucket import ASKED, FOLLOWED, BucketRecord, JobBucket
+from orchestrator.errors import UserError
+
+ROLE_LABEL = "geo-role"  # "controller" on a job's controller VM (a node has none)
+CONTROLLER_TYPES = {"aws": "m6i.large"}  # 2 vCPU, 8 GiB: the Ray head and the driver
+# Ubuntu 22.04 (apt has WireGuard's tools): the controller needs no GPU driver
+CONTROLLER_AMI_PARAMETER = (
+    "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
+)
+CONTROLLER_BOOT_S = 600.0  # a CPU VM's boot plus the install of torch and Ray from PyPI
+PROFILE_READY_S = 60.0  # IAM: a new instance profile may be unknown to EC2 for seconds
+WHEEL_URL_S = 7 * 24 * 3600.0  # a presigned URL's longest life (SigV4)
+LEASE_S = 24 * 3600.0  # the controller's expiry label: it lives as long as its job
+
+
+class CloudHost:
+    """A job's controller as an instance of the job's cloud (see the module's docstring)."""
+
+    def __init__(self, provider: str, region: str, *, registration=None) -> None:
+        """``registration``: a standing emulated cloud's (standing.py) to call instead of the
+        provider's own endpoint."""
+        from orchestrator.driver.cloud import _adapter_at, emulated_credentials, standing_adapter
+
+        self.provider, self.region, self.registration = provider, region, registration
+        self._session = None
+        if registration is not None:
+            from provisioners.aws.sdk import keyed_session
+
+            self.adapter = standing_adapter(registration)
+            self._session = keyed_session(emulated_credentials())
+        else:
+            self.adapter = _adapter_at(
+                provider, regions=(region,), endpoint_url=None, api_token=None, account=None
+            )
+            if provider == "aws":
+                self.adapter = _real_aws(region)
+        self._identities = None
+
+    def describe(self) -> str:
+        where = f"emulated {self.provider}" if self.registration else self.provider
+        return f"{where} {self.region}"
+
+    def record(self, job: str) -> BucketRecord:
+        """The job's place in the account's bucket (the bucket made when missing)."""
+        bucket = self.adapter.job_bucket(self.region)
+        return BucketRecord(
+            url=f"{bucket}/jobs/{job}",
+            provider=self.provider,
+            region=self.region,
+            endpoint_url=self.registration.endpoint if self.registration else None,
+            api_netns=self.registration.api_netns if self.registration else None,
+        )
+
+    def bucket(self, record: BucketRecord) -> JobBucket:
+        return JobBucket.open(record, session=self._session)
+
+    def launch(self, folder: Path, record: BucketRecord, *, wheel: Path) -> str:
+        """Push the job's folder and the wheel, then launch the controller VM; its id."""
+        from provisioners.base import Firewall, LaunchRequest
+        from provisioners.bootstrap.joined import EXPIRES_LABEL, JOB_LABEL
+        from provisioners.bootstrap.script import render_controller
+        from provisioners.overlay.service import WG_PORT
+
+        job = folder.name
+        bucket = self.bucket(record)
+        bucket.delete(ASKED[0])  # a stop asked of an earlier run
+        bucket.push(folder)
+        if self._identities is None:
+            self._identities = self.adapter.identities(record.url.split("/jobs/")[0])
+        boot = self._boot(job, record, bucket, wheel)
+        request = LaunchRequest(
+            gang=f"ctl-{job}",
+            infra=f"{self.provider}/{self.region}",
+            instance_type=CONTROLLER_TYPES[self.provider],
+            gpu="",
+            count=1,
+            spot=False,
+            gpus_per_node=0,
+            labels=(
+                (JOB_LABEL, job),
+                (ROLE_LABEL, "controller"),
+                (EXPIRES_LABEL, f"{time.time() + LEASE_S:.0f}"),
+            ),
+            timeout_s=CONTROLLER_BOOT_S,
+            boot_scripts=(render_controller(boot),),
+            # open to nodes not known yet: only WireGuard with the job's keys answers there
+            firewall=Firewall(job=job, port=WG_PORT, sources=("0.0.0.0/0",), role="controller"),
+            identity=self._identities.controller,
+        )
+        (node,) = self._launch_when_known(request)
+        return node.node_id
+
+    def _launch_when_known(self, request):
+        """IAM is eventually consistent: a profile made a moment ago may be refused by EC2."""
+        import threading
+
+        from provisioners.base import CloudCallError
+
+        deadline, pause = time.monotonic() + PROFILE_READY_S, threading.Event()
+        while True:
+            try:
+                return self.adapter.launch(request)
+            except CloudCallError as error:
+                if "instance profile" not in error.message.lower() or time.monotonic() > deadline:
+                    raise
+            pause.wait(5.0)
+
+    def _boot(self, job: str, record: BucketRecord, bucket: JobBucket, wheel: Path):
+        from provisioners.bootstrap.script import ControllerBoot
+
+        args = ["--bucket", record.url, "--region", self.region]
+        if self.registration is None:
+            key = f"wheel/{wheel.name}"
+            bucket.put(key, wheel.read_bytes())
+            url = self.adapter.presign(f"{record.url}/{key}", expires_s=WHEEL_URL_S)
+            return ControllerBoot(job=job, install=_pip_install(url), args=tuple(args))
+        from orchestrator.driver.cloud import halt_self_command
+        from orchestrator.driver.standing import emulation_home
+        from provisioners.local import vms
+
+        # an emulated VM shares this machine's disk: a folder of its own, and this checkout
+        vm_dir = emulation_home(self.provider) / "controllers" / f"{job}-{time.time_ns():x}"
+        args += ["--endpoint-url", self.registration.endpoint]
+        return ControllerBoot(
+            job=job,
+            install=vms.controller_install(wheel),
+            args=tuple(args),
+            vm_dir=str(vm_dir),
+            env={
+                "PYTHONPATH": str(vms.package_root()),
+                "RAY_AUTH_MODE": "disabled",
+                # its /run: short (sockets), in the cloud's own folder, gone with the cloud
+                # (at most 30 characters: Ray's socket paths under it take 77 of the 107)
+                "GEO_RUN_DIR": str(Path(self.registration.socket).parent / vm_dir.name[-3:]),
+            },
+            shutdown_command=halt_self_command(),
+            log_file=str(vm_dir / "bootstrap.log"),
+        )
+
+    def running(self, job: str) -> bool:
+        """Whether the job's controller VM is starting or running."""
+        return bool(self.controllers(job))
+
+    def controllers(self, job: str) -> list:
+        from provisioners.bootstrap.joined import JOB_LABEL, of_job
+
+        return [
+            vm
+            for vm in self.adapter.labelled(JOB_LABEL)
+            if of_job(vm.labels, job)
+            and vm.labels.get(ROLE_LABEL) == "controller"
+            and vm.state.value in ("pending", "running", "preempting")
+        ]
+
+    def follow(self, folder: Path, record: BucketRecord, bucket: JobBucket | None = None) -> None:
+        """The job's state as its controller last pushed it, into the laptop's copy."""
+        (bucket or self.bucket(record)).pull(folder, FOLLOWED)
+
+    def close(self) -> None:
+        self.adapter.close()
+
+
+def _real_aws(region: str):
+    from provisioners.aws import AwsProvisioner
+
+    return AwsProvisioner(regions=(region,), ami_ssm_parameter=CONTROLLER_AMI_PARAMETER)
+
+
+def _pip_install(wheel_url: str):
+    """What a real controller VM installs: this machine's versions, from PyPI (torch's CPU
+    build: the controller trains nothing)."""
+    import importlib.metadata as metadata
+
+    from provisioners.bootstrap.script import Install
+
+    return Install(
+        mode="pip",
+        wheel=wheel_url,
+        package_version=metadata.version("geo-orchestrator"),
+        ray_version=metadata.version("ray"),
+        torch_version=metadata.version("torch").split("+")[0],
+    )
+
+
+def node_install(install, wheel_url: str):
+    """A real node's install: the controller's versions, torch from PyPI (its CUDA build)."""
+    return dataclasses.replace(
+        install, mode="pip", wheel=wheel_url, torch_index_url="https://pypi.org/simple"
+    )
+
+
+def host_region(recipe, provider: str) -> str:
+    """Where the controller runs: the first region the recipe allows on the provider."""
+    from orchestrator.driver.standing import emulator_regions
+
+    for location in recipe.constraints.locations:
+        parts = location.split("/")
+        if parts[0] == provider and len(parts) > 1:
+            return parts[1]
+    regions = emulator_regions(provider)
+    if not regions:
+        raise UserError(
+            f"the catalog lists no {provider} region",
+            field="constraints.locations",
+            fix=f"name a {provider} region in the recipe's locations",
+        )
+    return "us-east-1" if "us-east-1" in regions else regions[0]
+
+
+def bucket_of(folder: Path) -> JobBucket | None:
+    """The bucket of a job whose controller runs as a cloud's instance (None: any other job),
+    opened with this machine's credentials (an emulated cloud's: keys made for the call)."""
+    record = BucketRecord.load(folder)
+    if record is None:
+        return None
+    session = None
+    if record.api_netns:
+        from orchestrator.driver.cloud import emulated_credentials
+        from provisioners.aws.sdk import keyed_session
+
+        session = keyed_session(emulated_credentials())
+    return JobBucket.open(record, session=session)
+
+
+def refresh(folder: Path) -> None:
+    """The laptop's copy of a hosted job's state brought up to date from its bucket; a bucket
+    that does not answer leaves the copy as it was, with a note."""
+    from runtime.storage import StoreError
+
+    try:
+        bucket = bucket_of(folder)
+        if bucket is not None:
+            bucket.pull(folder, FOLLOWED)
+    except (StoreError, OSError) as error:
+        say(f"note: job {folder.name}: its bucket did not answer ({error}); its last state here")
+
+
+def ask_stop(folder: Path) -> None:
+    """A stop asked of a hosted job reaches its controller through the bucket."""
+    bucket = bucket_of(folder)
+    if bucket is not None:
+        bucket.put(ASKED[0], b"stop\n")
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)

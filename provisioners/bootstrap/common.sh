@@ -1,0 +1,73 @@
+# ---- the body of every VM's bootstrap, a node's and a controller's (script.py renders the header) ----
+# Steps: log, the system's packages (WireGuard's tools, nftables, venv: only what is missing),
+# install our package (the controller's versions: never "latest"). Any failed step prints
+# GEO-BOOTSTRAP-FAILED with the log's last lines (the console the cloud shows) and shuts the VM
+# down: a VM that cannot do its part is never left running.
+set -Eeuo pipefail
+umask 077
+mkdir -p "$NODE_DIR"
+exec >>"$LOG_FILE" 2>&1
+if [ -n "${CONSOLE:-}" ] && [ -w "$CONSOLE" ]; then
+  exec > >(tee -a "$CONSOLE") 2>&1
+fi
+
+step=start
+fail() {
+  local code=$?
+  trap - ERR
+  echo "GEO-BOOTSTRAP-FAILED node=$NODE step=$step exit=$code"
+  tail -n "$TAIL_LINES" "$LOG_FILE" | grep -v GEO-BOOTSTRAP-FAILED || true
+  eval "$SHUTDOWN_COMMAND" || true
+  exit "$code"
+}
+trap fail ERR
+say() { echo "$(date -u +%H:%M:%S) bootstrap[$NODE] $*"; }
+
+step=packages
+missing=()
+command -v wg >/dev/null || missing+=(wireguard-tools)
+command -v nft >/dev/null || missing+=(nftables)
+command -v ip >/dev/null || missing+=(iproute2)
+if [ "$INSTALL_MODE" = pip ] && ! "$PYTHON" -c 'import ensurepip' 2>/dev/null; then
+  missing+=(python3-venv)
+fi
+if [ "${#missing[@]}" -gt 0 ]; then
+  say "installing ${missing[*]}"
+  if command -v apt-get >/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get update -q
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
+  else
+    dnf install -y -q "${missing[@]/python3-venv/python3-pip}"
+  fi
+fi
+
+step=install
+say "installing $PACKAGE_WHEEL (ray $RAY_VERSION, torch $TORCH_VERSION) into $VENV"
+case "$INSTALL_MODE" in
+  local)
+    # the local cloud: no download; the controller's Ray and torch are seen through a .pth file
+    "$PYTHON" -m venv --without-pip "$VENV"
+    site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    printf '%s\n' "${CONTROLLER_SITE//:/$'\n'}" >"$site/controller.pth"
+    "$PYTHON" -m pip --python "$VENV/bin/python" install -q --no-deps --no-index "$PACKAGE_WHEEL"
+    ;;
+  pip)
+    "$PYTHON" -m venv "$VENV"
+    "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" --index-url "$TORCH_INDEX_URL"
+    "$VENV/bin/pip" install -q "ray[default]==$RAY_VERSION" "$PACKAGE_WHEEL"
+    ;;
+  *)
+    echo "unknown INSTALL_MODE $INSTALL_MODE"
+    false
+    ;;
+esac
+# the versions as installed (read from their metadata: importing torch would cost seconds)
+"$VENV/bin/python" - <<EOF
+import importlib.metadata as m
+for name, want in (("geo-orchestrator", "$PACKAGE_VERSION"), ("ray", "$RAY_VERSION"),
+                   ("torch", "$TORCH_VERSION")):
+    have = m.version(name)
+    # a local version label (torch's +cpu, +cu126) is the build, not the release
+    assert have.split("+")[0] == want.split("+")[0], f"{name} {have} installed, the controller runs {want}"
+EOF
+

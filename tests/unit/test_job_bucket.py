@@ -1,0 +1,51 @@
+"""A job's folder mirrored through its bucket (orchestrator/driver/bucket.py), on a local store."""
+
+from __future__ import annotations
+
+from orchestrator.driver.bucket import ASKED, FOLLOWED, BucketRecord, JobBucket
+from runtime.storage import LocalStore
+
+
+def test_the_folder_travels_and_the_state_comes_back(tmp_path):
+    laptop, vm = tmp_path / "laptop", tmp_path / "vm"
+    laptop.mkdir()
+    (laptop / "state.json").write_text("{}")
+    (laptop / "recipe.yaml").write_text("name: j\n")
+    (laptop / "driver.lock").write_text("held")
+    (laptop / "wheel").mkdir()
+    store = LocalStore(tmp_path / "bucket")
+    up = JobBucket(store)
+    assert up.push(laptop) == 2  # not the lock, not a folder
+    assert up.push(laptop) == 0  # nothing changed
+
+    down = JobBucket(store)
+    assert down.pull(vm) == 2 and (vm / "recipe.yaml").read_text() == "name: j\n"
+    assert (vm / "state.json").stat().st_mode & 0o077 == 0  # owner-only
+    (vm / "state.json").write_text('{"step": 3}')
+    (vm / "controller.leaving").write_text("going\n")
+    down.push(vm, FOLLOWED)
+
+    up.pull(laptop, FOLLOWED)
+    assert (laptop / "state.json").read_text() == '{"step": 3}'
+    assert (laptop / "controller.leaving").exists()
+    store.delete("controller.leaving")  # a new controller cleared it
+    up.pull(laptop, FOLLOWED)
+    assert not (laptop / "controller.leaving").exists()
+
+
+def test_a_stop_reaches_the_vm_and_a_relaunch_clears_it(tmp_path):
+    vm = tmp_path / "vm"
+    bucket = JobBucket(LocalStore(tmp_path / "bucket"))
+    bucket.put(ASKED[0], b"stop\n")
+    bucket.pull(vm, ASKED)
+    assert (vm / "stop.request").exists()
+    bucket.delete(ASKED[0])
+    bucket.pull(vm, ASKED)
+    assert not (vm / "stop.request").exists()
+
+
+def test_the_record_names_no_secret_and_reads_back(tmp_path):
+    record = BucketRecord(url="s3://b/jobs/j", provider="aws", region="us-east-1")
+    record.save(tmp_path)
+    assert BucketRecord.load(tmp_path) == record
+    assert BucketRecord.load(tmp_path / "none") is None
