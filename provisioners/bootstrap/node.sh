@@ -4,6 +4,7 @@
 step=firewall
 if [ -z "$PUBLIC_IFACE" ]; then  # a real VM's: its default route's (ens5 on AWS's Nitro VMs)
   PUBLIC_IFACE=$(ip -o route show default | awk '{print $5; exit}')
+  PUBLIC_IFACE=${PUBLIC_IFACE:-eth0}  # no default route: the first interface's name
   FIREWALL_RULES=${FIREWALL_RULES//@PUBLIC_IFACE@/$PUBLIC_IFACE}
 fi
 say "public interface $PUBLIC_IFACE: only UDP $WG_PORT in"
