@@ -1,8 +1,12 @@
-"""Where the runtime reads data and writes checkpoints: a local folder or S3, behind one small API.
+"""Where the runtime reads data and writes checkpoints: a local folder, S3 or Google Cloud Storage,
+behind one small API.
 
-``open_store("/some/folder")`` or ``open_store("s3://bucket/prefix")``. Local writes are atomic
-(temporary file in the same folder, fsync, rename); S3 puts are atomic per object. boto3 is imported
-only for S3 URLs, with the standard credential chain; ``endpoint_url`` points tests at moto's server.
+``open_store("/some/folder")``, ``open_store("s3://bucket/prefix")`` or
+``open_store("gs://bucket/prefix")``. Local writes are atomic (temporary file in the same folder,
+fsync, rename); S3 and GCS writes are atomic per object. boto3 is imported only for S3 URLs, and
+google-auth only for GCS URLs (its JSON API over an authorized session: no client library beyond
+what the GCP extra installs), each with its SDK's standard credential chain (a VM's instance role or
+service account); ``endpoint_url`` points tests at moto's server or the GCP fake.
 """
 
 from __future__ import annotations
@@ -143,8 +147,107 @@ class S3Store:
         self._call("delete_object", key, Key=self._key(key))
 
 
-def open_store(url: str, *, endpoint_url: str | None = None, session=None) -> ObjectStore:
-    """A store for ``url``: ``s3://bucket[/prefix]`` or a local folder."""
+class GcsStore:
+    """Objects of a GCS bucket under a prefix, through the JSON API (storage/v1)."""
+
+    SCOPE = "https://www.googleapis.com/auth/devstorage.read_write"
+
+    def __init__(
+        self, bucket: str, prefix: str, *, endpoint_url: str | None = None, credentials=None
+    ) -> None:
+        """``credentials``: google-auth credentials to use; None: ``google.auth.default()`` (a
+        VM's service account through its metadata server)."""
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        self.url = f"gs://{bucket}/{self.prefix}"
+        self._api = (endpoint_url or "https://storage.googleapis.com").rstrip("/")
+        try:
+            import google.auth
+            import google.auth.exceptions
+            from google.auth.transport.requests import AuthorizedSession
+        except ImportError:
+            raise StoreError("GCS needs google-auth: pip install 'geo-orchestrator[gcp]'") from None
+        if credentials is None:
+            try:
+                credentials, _ = google.auth.default(scopes=[self.SCOPE])
+            except google.auth.exceptions.DefaultCredentialsError:
+                raise StoreError(
+                    f"{self.url}: google.auth.default() found no credentials "
+                    "(gcloud auth application-default login, or a VM's service account)"
+                ) from None
+        self._session = AuthorizedSession(credentials)
+
+    def _key(self, key: str) -> str:
+        return f"{self.prefix}/{key}" if self.prefix else key
+
+    def _object(self, key: str) -> str:
+        from urllib.parse import quote
+
+        return f"{self._api}/storage/v1/b/{self.bucket}/o/{quote(self._key(key), safe='')}"
+
+    def _call(self, what: str, key: str, method: str, url: str, *, missing_ok=False, **kwargs):
+        import google.auth.exceptions
+        import requests
+
+        try:
+            answer = self._session.request(method, url, timeout=60, **kwargs)
+        except google.auth.exceptions.GoogleAuthError:  # a 401, and no way to a new token
+            raise StoreError(f"{self.url}: gcs {what} of {key!r} failed (401)") from None
+        except (requests.RequestException, OSError) as error:
+            raise StoreError(
+                f"{self.url}: gcs {what} of {key!r} failed ({type(error).__name__})"
+            ) from None
+        if answer.status_code >= 400 and not (missing_ok and answer.status_code == 404):
+            raise StoreError(f"{self.url}: gcs {what} of {key!r} failed ({answer.status_code})")
+        return answer
+
+    def put(self, key: str, data: bytes) -> None:
+        url = f"{self._api}/upload/storage/v1/b/{self.bucket}/o"
+        self._call(
+            "put",
+            key,
+            "POST",
+            url,
+            params={"uploadType": "media", "name": self._key(key)},
+            data=data,
+            headers={"Content-Type": "application/octet-stream"},
+        )
+
+    def get(self, key: str) -> bytes:
+        return self._call("get", key, "GET", self._object(key), params={"alt": "media"}).content
+
+    def exists(self, key: str) -> bool:
+        return self.size(key) is not None
+
+    def size(self, key: str) -> int | None:
+        answer = self._call("size", key, "GET", self._object(key), missing_ok=True)
+        return int(answer.json()["size"]) if answer.status_code == 200 else None
+
+    def keys(self, prefix: str = "") -> Iterator[str]:
+        cut = len(self.prefix) + 1 if self.prefix else 0
+        params = {"prefix": self._key(prefix)}
+        while True:
+            url = f"{self._api}/storage/v1/b/{self.bucket}/o"
+            page = self._call("list", prefix, "GET", url, params=params).json()
+            for item in page.get("items", []):
+                yield item["name"][cut:]
+            if not page.get("nextPageToken"):
+                return
+            params = {**params, "pageToken": page["nextPageToken"]}
+
+    def delete(self, key: str) -> None:
+        self._call("delete", key, "DELETE", self._object(key), missing_ok=True)
+
+
+def open_store(
+    url: str, *, endpoint_url: str | None = None, session=None, credentials=None
+) -> ObjectStore:
+    """A store for ``url``: ``s3://bucket[/prefix]``, ``gs://bucket[/prefix]`` or a local
+    folder. ``session``: a boto3 session (S3); ``credentials``: google-auth's (GCS)."""
+    if url.startswith("gs://"):
+        bucket, _, prefix = url[len("gs://") :].partition("/")
+        if not bucket:
+            raise StoreError(f"{url}: no bucket; write gs://bucket/prefix")
+        return GcsStore(bucket, prefix, endpoint_url=endpoint_url, credentials=credentials)
     if url.startswith("s3://"):
         bucket, _, prefix = url[len("s3://") :].partition("/")
         if not bucket:

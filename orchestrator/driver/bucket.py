@@ -73,8 +73,9 @@ class JobBucket:
         self._pushed: dict[str, tuple[int, int]] = {}  # name -> (mtime_ns, size) pushed
 
     @classmethod
-    def open(cls, record: BucketRecord, *, session: Any = None) -> JobBucket:
-        """``session``: the boto3 session to call with (None: the SDK's default chain)."""
+    def open(cls, record: BucketRecord, *, session: Any = None, credentials: Any = None):
+        """``session``: the boto3 session to call S3 with, ``credentials``: google-auth's to
+        call GCS with (None: the SDK's default chain)."""
         from runtime.storage import open_store
 
         call_in = None
@@ -84,7 +85,9 @@ class JobBucket:
             def call_in(make):
                 return netns.in_namespace(record.api_netns, make)
 
-        store = open_store(record.url, endpoint_url=record.endpoint_url, session=session)
+        store = open_store(
+            record.url, endpoint_url=record.endpoint_url, session=session, credentials=credentials
+        )
         return cls(store, call_in=call_in)
 
     def push(self, folder: Path, names: Iterable[str] | None = None) -> int:
@@ -139,8 +142,15 @@ class JobBucket:
 
 
 def _write_private(path: Path, data: bytes) -> None:
-    temporary = path.with_name(f".{path.name}.pulling")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(descriptor, "wb") as out:
-        out.write(data)
-    os.replace(temporary, path)  # readers see the old file or the new one
+    """Atomically, owner-only; a temporary name of its own (``status`` in another shell may pull
+    the same file at the same time as ``submit``)."""
+    import tempfile
+
+    descriptor, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(descriptor, "wb") as out:  # mkstemp: mode 0600
+            out.write(data)
+        os.replace(temporary, path)  # readers see the old file or the new one
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -58,6 +58,7 @@ class CloudSpec:
     ray_temp_root: str | None = None
     account: str | None = None  # GCP's project, Azure's subscription
     public_ip: str | None = None  # the controller's: the job's firewall admits it
+    node_identity: str | None = None  # what nodes act as (an instance profile): the bucket
 
 
 def cloud_provisioner(cloud: CloudSpec, *, job: str):
@@ -72,7 +73,12 @@ def cloud_provisioner(cloud: CloudSpec, *, job: str):
         )
     inner = adapter_for(cloud)
     return JoinedProvisioner(
-        inner, job=job, link=controller_link(cloud), boot_for=node_boot(cloud, job), lease_s=LEASE_S
+        inner,
+        job=job,
+        link=controller_link(cloud),
+        boot_for=node_boot(cloud, job),
+        lease_s=LEASE_S,
+        identity=cloud.node_identity,
     )
 
 

@@ -40,7 +40,6 @@ PLAN_FILE = "plan.json"
 RECIPE_FILE = "recipe.yaml"  # the recipe, in a folder that travels through the bucket
 SERVICE_READY_S = 30.0
 REAL_NODES_DIR = "/var/lib/geo-orchestrator/nodes"  # on each node's own disk
-WHEEL_S = 7 * 24 * 3600.0  # a node's install URL (presigned: at most 7 days, the role's keys' life)
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +169,7 @@ def _serve(folder: Path, launch: dict, hosted: Hosted | None):
     os.makedirs(ray_temp_root, mode=0o700, exist_ok=True)
     try:
         service, overlay_ip, admin_socket, public_ip = _start_overlay(
-            own, run_dir, real=_real(hosted)
+            own, run_dir, real=_real(hosted), provider=provider
         )
         head = start_head(session_name(), 1, node_ip=overlay_ip)
         cloud = _cloud_spec(
@@ -272,11 +271,12 @@ def _cloud_spec(folder: Path, launch: dict, recipe, *, registration, hosted, **w
     install = vms.controller_install(vms.build_wheel(folder / "controller" / "wheel"))
     if _real(hosted):
         from orchestrator.driver.cloud import _adapter_at
+        from orchestrator.driver.hosts import wheel_url
 
         adapter = _adapter_at(
             provider, regions=(hosted.region,), endpoint_url=None, api_token=None, account=None
         )
-        install = node_install(install, adapter.presign(launch["wheel_url"], expires_s=WHEEL_S))
+        install = node_install(install, wheel_url(adapter, launch["wheel_url"]))
     return CloudSpec(
         provider=provider,
         # the recipe's regions: polling every region the provider serves would be slow
@@ -290,6 +290,7 @@ def _cloud_spec(folder: Path, launch: dict, recipe, *, registration, hosted, **w
         node_label=vms.NODE_LABEL,
         api_token=registration.token if registration else None,
         account=registration.account if registration else None,
+        node_identity=launch.get("node_identity"),
         **where,
     )
 
@@ -299,7 +300,7 @@ def _aws_keys() -> dict[str, str]:
 
 
 def _start_overlay(
-    own: Path, run_dir: Path, *, real: bool
+    own: Path, run_dir: Path, *, real: bool, provider: str
 ) -> tuple[subprocess.Popen, str, Path, str]:
     """The firewall, then the join service on this VM's public address; the service, its overlay
     address, its admin socket and the public address. ``real``: a cloud's VM, whose interface
@@ -314,7 +315,7 @@ def _start_overlay(
     subprocess.run(
         ["nft", "-f", "-"], input=firewall_rules(interface, WG_PORT), text=True, check=True
     )
-    public_ip = _aws_public_ipv4() if real else _address_of(interface)
+    public_ip = _public_ipv4(provider) if real else _address_of(interface)
     job = own.parent.name
     admin_socket = run_dir / ADMIN_SOCKET
     with open(own / "overlay.log", "ab") as out:
@@ -352,9 +353,18 @@ def _default_interface() -> str:
     return json.loads(shown.stdout)[0]["dev"]
 
 
-def _aws_public_ipv4() -> str:
-    """The instance's public address, from its metadata (IMDSv2)."""
+def _public_ipv4(provider: str) -> str:
+    """The VM's public address, from its cloud's metadata server."""
     import urllib.request
+
+    if provider == "gcp":
+        ask = urllib.request.Request(
+            "http://169.254.169.254/computeMetadata/v1/instance/network-interfaces/0/"
+            "access-configs/0/external-ip",
+            headers={"Metadata-Flavor": "Google"},
+        )
+        with urllib.request.urlopen(ask, timeout=5) as reply:
+            return reply.read().decode().strip()
 
     base = "http://169.254.169.254/latest"
     ask = urllib.request.Request(
@@ -401,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--job-folder", type=Path, help="the job's folder, shared with submit")
     where.add_argument("--bucket", help="the job's folder in its bucket (s3://.../jobs/JOB)")
     parser.add_argument("--region", help="with --bucket: the bucket's (and this VM's) region")
+    parser.add_argument("--provider", choices=("aws", "gcp"), default="aws")
     parser.add_argument("--endpoint-url", help="with --bucket: an emulated cloud's API")
     parser.add_argument("--jobs-dir", type=Path, default=Path("/var/lib/geo-orchestrator/jobs"))
     args = parser.parse_args(argv)
@@ -412,9 +423,10 @@ def main(argv: list[str] | None = None) -> int:
         return run_controller(args.job_folder)
     if not args.region:
         parser.error("--bucket needs --region")
-    os.environ.setdefault("AWS_DEFAULT_REGION", args.region)
+    if args.provider == "aws":
+        os.environ.setdefault("AWS_DEFAULT_REGION", args.region)
     hosted = Hosted(
-        provider="aws",
+        provider=args.provider,
         region=args.region,
         bucket_url=args.bucket,
         endpoint_url=args.endpoint_url,

@@ -25,11 +25,15 @@ from orchestrator.driver.bucket import ASKED, FOLLOWED, BucketRecord, JobBucket
 from orchestrator.errors import UserError
 
 ROLE_LABEL = "geo-role"  # "controller" on a job's controller VM (a node has none)
-CONTROLLER_TYPES = {"aws": "m6i.large"}  # 2 vCPU, 8 GiB: the Ray head and the driver
+# 2 vCPU, 8 GiB: the Ray head and the driver
+CONTROLLER_TYPES = {"aws": "m6i.large", "gcp": "e2-standard-2"}
 # Ubuntu 22.04 (apt has WireGuard's tools): the controller needs no GPU driver
 CONTROLLER_AMI_PARAMETER = (
     "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
 )
+CONTROLLER_GCP_IMAGE = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts"
+# what an emulated VM's google-auth asks its metadata server at (no DNS on the simulated internet)
+GCE_METADATA_ENV = {"GCE_METADATA_HOST": "169.254.169.254", "GCE_METADATA_IP": "169.254.169.254"}
 CONTROLLER_BOOT_S = 600.0  # a CPU VM's boot plus the install of torch and Ray from PyPI
 PROFILE_READY_S = 60.0  # IAM: a new instance profile may be unknown to EC2 for seconds
 WHEEL_URL_S = 7 * 24 * 3600.0  # a presigned URL's longest life (SigV4)
@@ -42,21 +46,13 @@ class CloudHost:
     def __init__(self, provider: str, region: str, *, registration=None) -> None:
         """``registration``: a standing emulated cloud's (standing.py) to call instead of the
         provider's own endpoint."""
-        from orchestrator.driver.cloud import _adapter_at, emulated_credentials, standing_adapter
+        from orchestrator.driver.cloud import standing_adapter
 
         self.provider, self.region, self.registration = provider, region, registration
-        self._session = None
         if registration is not None:
-            from provisioners.aws.sdk import keyed_session
-
             self.adapter = standing_adapter(registration)
-            self._session = keyed_session(emulated_credentials())
         else:
-            self.adapter = _adapter_at(
-                provider, regions=(region,), endpoint_url=None, api_token=None, account=None
-            )
-            if provider == "aws":
-                self.adapter = _real_aws(region)
+            self.adapter = _real_adapter(provider, region)
         self._identities = None
 
     def describe(self) -> str:
@@ -75,7 +71,7 @@ class CloudHost:
         )
 
     def bucket(self, record: BucketRecord) -> JobBucket:
-        return JobBucket.open(record, session=self._session)
+        return JobBucket.open(record, **bucket_auth(record, self.registration))
 
     def launch(self, folder: Path, record: BucketRecord, *, wheel: Path) -> str:
         """Push the job's folder and the wheel, then launch the controller VM; its id."""
@@ -88,8 +84,7 @@ class CloudHost:
         bucket = self.bucket(record)
         bucket.delete(ASKED[0])  # a stop asked of an earlier run
         bucket.push(folder)
-        if self._identities is None:
-            self._identities = self.adapter.identities(record.url.split("/jobs/")[0])
+        self.node_identity(record)
         boot = self._boot(job, record, bucket, wheel)
         request = LaunchRequest(
             gang=f"ctl-{job}",
@@ -113,6 +108,12 @@ class CloudHost:
         (node,) = self._launch_when_known(request)
         return node.node_id
 
+    def node_identity(self, record: BucketRecord) -> str:
+        """What the job's nodes act as (made when missing)."""
+        if self._identities is None:
+            self._identities = self.adapter.identities(record.url.split("/jobs/")[0])
+        return self._identities.node
+
     def _launch_when_known(self, request):
         """IAM is eventually consistent: a profile made a moment ago may be refused by EC2."""
         import threading
@@ -131,11 +132,11 @@ class CloudHost:
     def _boot(self, job: str, record: BucketRecord, bucket: JobBucket, wheel: Path):
         from provisioners.bootstrap.script import ControllerBoot
 
-        args = ["--bucket", record.url, "--region", self.region]
+        args = ["--provider", self.provider, "--bucket", record.url, "--region", self.region]
         if self.registration is None:
             key = f"wheel/{wheel.name}"
             bucket.put(key, wheel.read_bytes())
-            url = self.adapter.presign(f"{record.url}/{key}", expires_s=WHEEL_URL_S)
+            url = wheel_url(self.adapter, f"{record.url}/{key}")
             return ControllerBoot(job=job, install=_pip_install(url), args=tuple(args))
         from orchestrator.driver.cloud import halt_self_command
         from orchestrator.driver.standing import emulation_home
@@ -155,14 +156,22 @@ class CloudHost:
                 # its /run: short (sockets), in the cloud's own folder, gone with the cloud
                 # (at most 30 characters: Ray's socket paths under it take 77 of the 107)
                 "GEO_RUN_DIR": str(Path(self.registration.socket).parent / vm_dir.name[-3:]),
+                **(GCE_METADATA_ENV if self.provider == "gcp" else {}),
             },
             shutdown_command=halt_self_command(),
             log_file=str(vm_dir / "bootstrap.log"),
         )
 
     def running(self, job: str) -> bool:
-        """Whether the job's controller VM is starting or running."""
-        return bool(self.controllers(job))
+        """Whether the job's controller VM is starting or running (an API that does not answer
+        this time: taken as running, so that no second controller is launched beside it)."""
+        from provisioners.base import ProvisionerError
+
+        try:
+            return bool(self.controllers(job))
+        except ProvisionerError as error:
+            say(f"note: job {job}: {error.cloud} did not list its VMs ({error.message})")
+            return True
 
     def controllers(self, job: str) -> list:
         from provisioners.bootstrap.joined import JOB_LABEL, of_job
@@ -183,10 +192,47 @@ class CloudHost:
         self.adapter.close()
 
 
-def _real_aws(region: str):
-    from provisioners.aws import AwsProvisioner
+def _real_adapter(provider: str, region: str):
+    """The provider's adapter with the SDK's own credentials, launching controller images."""
+    if provider == "aws":
+        from provisioners.aws import AwsProvisioner
 
-    return AwsProvisioner(regions=(region,), ami_ssm_parameter=CONTROLLER_AMI_PARAMETER)
+        return AwsProvisioner(regions=(region,), ami_ssm_parameter=CONTROLLER_AMI_PARAMETER)
+    from provisioners.gcp import GcpProvisioner
+
+    return GcpProvisioner(regions=(region,), image=CONTROLLER_GCP_IMAGE)
+
+
+def wheel_url(adapter, url: str) -> str:
+    """How a VM fetches our wheel from the job's bucket: a presigned URL where the cloud makes
+    them (S3), else the object's own URL, which the VM's bootstrap fetches with its identity's
+    token (GCS: common.sh)."""
+    if url.startswith("s3://"):
+        return adapter.presign(url, expires_s=WHEEL_URL_S)
+    return url
+
+
+def bucket_auth(record: BucketRecord, registration=None) -> dict:
+    """What opens the job's bucket from this machine: the SDK's chain (a real cloud), or keys
+    made for an emulated cloud (its registration: AWS keys, GCP's bearer token)."""
+    if not record.api_netns:
+        return {}
+    if record.provider == "gcp":
+        from provisioners.gcp.sdk import token_credentials
+
+        if registration is None:
+            from orchestrator.driver.standing import find
+
+            registration = find(record.provider)
+        if registration is None:
+            from runtime.storage import StoreError
+
+            raise StoreError(f"the emulated {record.provider} that holds {record.url} is down")
+        return {"credentials": token_credentials(registration.token)}
+    from orchestrator.driver.cloud import emulated_credentials
+    from provisioners.aws.sdk import keyed_session
+
+    return {"session": keyed_session(emulated_credentials())}
 
 
 def _pip_install(wheel_url: str):
@@ -236,13 +282,7 @@ def bucket_of(folder: Path) -> JobBucket | None:
     record = BucketRecord.load(folder)
     if record is None:
         return None
-    session = None
-    if record.api_netns:
-        from orchestrator.driver.cloud import emulated_credentials
-        from provisioners.aws.sdk import keyed_session
-
-        session = keyed_session(emulated_credentials())
-    return JobBucket.open(record, session=session)
+    return JobBucket.open(record, **bucket_auth(record))
 
 
 def refresh(folder: Path) -> None:

@@ -149,7 +149,10 @@ def _launch_hosted(host, record, recipe, recipe_path, folder, options, *, first:
         cloud=host.registration,
         first=first,
         portable=True,
-        extra={} if host.registration else {"wheel_url": f"{record.url}/wheel/{wheel.name}"},
+        extra={
+            "node_identity": host.node_identity(record),
+            **({} if host.registration else {"wheel_url": f"{record.url}/wheel/{wheel.name}"}),
+        },
     )
     record.save(folder)
     (folder / LEAVE_FILE).unlink(missing_ok=True)
@@ -257,14 +260,23 @@ def _watch(folder: Path, options: RunOptions, *, running, sync, relaunch, log_hi
 
     store, pause = StateStore(folder), threading.Event()
     shown, lost_in_a_row, last_step = -1, 0, -1
+
+    def synced() -> None:
+        try:
+            sync()
+        except OSError as error:  # the bucket did not answer this time: the next look retries
+            print(
+                f"note: job {folder.name}: its state could not be read ({error})", file=sys.stderr
+            )
+
     while True:
-        sync()
+        synced()
         state = store.load().state
         if options.on_step is not None and state.step > shown and state.losses:
             options.on_step(state, StepResult(loss=state.losses[-1]))
         shown = max(shown, state.step)
         if not running():
-            sync()
+            synced()
             state = store.load().state  # its last word
             if state.phase in FINAL and not (folder / LEAVE_FILE).exists():
                 return state

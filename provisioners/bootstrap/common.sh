@@ -43,18 +43,36 @@ fi
 
 step=install
 say "installing $PACKAGE_WHEEL (ray $RAY_VERSION, torch $TORCH_VERSION) into $VENV"
+wheel=$PACKAGE_WHEEL
+if [[ "$wheel" == gs://* ]]; then  # the job's bucket, read with this VM's own service account
+  wheel="$NODE_DIR/${PACKAGE_WHEEL##*/}"
+  "$PYTHON" - "$PACKAGE_WHEEL" "$wheel" "${STORAGE_API:-https://storage.googleapis.com}" <<'PY'
+import json, sys, urllib.parse, urllib.request
+source, target, api = sys.argv[1:]
+bucket, _, name = source[len("gs://"):].partition("/")
+ask = urllib.request.Request(
+    "http://169.254.169.254/computeMetadata/v1/instance/service-accounts/default/token",
+    headers={"Metadata-Flavor": "Google"},
+)
+token = json.load(urllib.request.urlopen(ask, timeout=10))["access_token"]
+url = f"{api}/storage/v1/b/{bucket}/o/{urllib.parse.quote(name, safe='')}?alt=media"
+fetch = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"})
+with urllib.request.urlopen(fetch, timeout=300) as reply, open(target, "wb") as out:
+    out.write(reply.read())
+PY
+fi
 case "$INSTALL_MODE" in
   local)
     # the local cloud: no download; the controller's Ray and torch are seen through a .pth file
     "$PYTHON" -m venv --without-pip "$VENV"
     site=$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     printf '%s\n' "${CONTROLLER_SITE//:/$'\n'}" >"$site/controller.pth"
-    "$PYTHON" -m pip --python "$VENV/bin/python" install -q --no-deps --no-index "$PACKAGE_WHEEL"
+    "$PYTHON" -m pip --python "$VENV/bin/python" install -q --no-deps --no-index "$wheel"
     ;;
   pip)
     "$PYTHON" -m venv "$VENV"
     "$VENV/bin/pip" install -q "torch==$TORCH_VERSION" --index-url "$TORCH_INDEX_URL"
-    "$VENV/bin/pip" install -q "ray[default]==$RAY_VERSION" "$PACKAGE_WHEEL"
+    "$VENV/bin/pip" install -q "ray[default]==$RAY_VERSION" "$wheel"
     ;;
   *)
     echo "unknown INSTALL_MODE $INSTALL_MODE"

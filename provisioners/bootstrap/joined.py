@@ -94,11 +94,15 @@ class JoinedProvisioner(Provisioner):
         lease_s: float,
         stop: threading.Event | None = None,
         clock: Callable[[], float] = time.time,
+        identity: str | None = None,
     ) -> None:
         """``lease_s``: how long a VM may live without the job renewing it (its expiry tag: what
         a sweep of leaked VMs reads; renewed at every event poll past half of it, where the
-        cloud can relabel a VM); ``stop``: set to give up waiting launches."""
+        cloud can relabel a VM); ``stop``: set to give up waiting launches; ``identity``: what
+        the nodes act as toward the cloud (``Provisioner.identities``' node: the job's bucket,
+        for checkpoints), None: nothing."""
         self.inner, self.job, self.link = inner, job, link
+        self.identity = identity
         self.boot_for, self.lease_s = boot_for, lease_s
         self.cloud, self.launch_timeout_s = inner.cloud, inner.launch_timeout_s
         # the watcher hears the notice on the node: the adapter's own lack of one is made good
@@ -134,7 +138,11 @@ class JoinedProvisioner(Provisioner):
             expires = f"{self._clock() + self.lease_s:.0f}"
             labels = (*request.labels, (JOB_LABEL, self.job), (EXPIRES_LABEL, expires))
             request = replace(
-                request, labels=labels, boot_scripts=tuple(scripts), firewall=self._firewall()
+                request,
+                labels=labels,
+                boot_scripts=tuple(scripts),
+                firewall=self._firewall(),
+                identity=request.identity or self.identity,
             )
             nodes = self.inner.launch(request)
         except BaseException:

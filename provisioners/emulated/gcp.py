@@ -92,11 +92,35 @@ class EmulatedGcp(EmulatedCloud):
             )
         return seen
 
-    @staticmethod
-    def _metadata(vm: netns.Vm, seen: Seen) -> MetadataService:
+    def _metadata(self, vm: netns.Vm, seen: Seen) -> MetadataService:
+        accounts = next(
+            (i.get("serviceAccounts", []) for _, i in self.api.snapshot() if i["name"] == seen.instance_id),
+            [],
+        )  # fmt: skip
+        email = accounts[0]["email"] if accounts else None
+        if email == "default":  # GCE's word for the project's compute default account
+            email = f"123456789012-compute@{PROJECT}.iam.gserviceaccount.com"
         return MetadataService(
-            vm, GceMetadata(instance_id=seen.instance_id, name=seen.instance_id, zone=seen.zone)
+            vm,
+            GceMetadata(
+                instance_id=seen.instance_id,
+                name=seen.instance_id,
+                zone=seen.zone,
+                project_id=PROJECT,
+                external_ip=vm.public_ip,
+                service_account=email,
+                token=self.token if email else None,
+            ),
         )
+
+    def tagged(self, tags: dict[str, str]) -> list[str]:
+        """Instances with a VM whose labels include ``tags`` (GCP keeps them lowercased)."""
+        want = {k: v.lower() for k, v in tags.items()}
+        return [
+            i["name"]
+            for _, i in self.api.snapshot()
+            if self.vm_of(i["name"]) is not None and want.items() <= i.get("labels", {}).items()
+        ]
 
     def _ended(self, name: str, why: str) -> None:
         if why == "shutdown":

@@ -21,6 +21,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
+from provisioners.emulated.gcs_api import FakeGcs
+
 PROJECT = "test-project"
 COMPUTE = f"/compute/v1/projects/{PROJECT}"
 SELF_LINK = f"https://www.googleapis.com/compute/v1/projects/{PROJECT}"
@@ -127,6 +129,7 @@ class FakeGcp:
     inserted: list[dict] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
+    storage: FakeGcs = field(default_factory=FakeGcs)  # Cloud Storage, on the same endpoint
     _ids: Any = field(default_factory=lambda: itertools.count(1))
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _server: ThreadingHTTPServer | None = None
@@ -255,7 +258,7 @@ class FakeGcp:
 
     def _insert(self, query: dict, body: dict, zone: str) -> tuple[int, dict]:
         self.inserted.append({"zone": zone, **body})
-        problem = _invalid_metadata(body.get("metadata", {}))
+        problem = _invalid_metadata(body.get("metadata", {})) or _invalid_accounts(body)
         if problem:
             return _error(400, problem, "invalid")
         if zone in self.quota_zones:
@@ -285,6 +288,7 @@ class FakeGcp:
             "scheduling": body.get("scheduling", {}),
             "metadata": body.get("metadata", {}),
             "tags": body.get("tags", {}),
+            "serviceAccounts": body.get("serviceAccounts", []),
             "networkInterfaces": [
                 {"networkIP": f"10.0.0.{number}", "accessConfigs": [{"natIP": f"34.1.0.{number}"}]}
             ],
@@ -474,18 +478,26 @@ def _handler(fake: FakeGcp) -> type[BaseHTTPRequestHandler]:
         def _serve(self, method: str) -> None:
             url = urlparse(self.path)
             length = int(self.headers.get("Content-Length") or 0)
-            body = json.loads(self.rfile.read(length) or b"{}") if length else {}
+            raw = self.rfile.read(length) if length else b""
+            storage = url.path.startswith(("/storage/v1", "/upload/storage/v1"))
             if self.headers.get("Authorization") != f"Bearer {fake.token}":
                 # a careless server could echo the header: the adapter must scrub it
                 echoed = self.headers.get("Authorization", "")
                 status, answer = _error(
                     401, f"Invalid credentials: Authorization: {echoed}", "authError"
                 )
+            elif storage:
+                with fake._lock:
+                    fake.requests.append(f"{method} {url.path}")
+                    status, answer = fake.storage.handle(method, url.path, parse_qs(url.query), raw)
             else:
+                body = json.loads(raw or b"{}")
                 status, answer = fake.handle(method, url.path, parse_qs(url.query), body)
-            data = json.dumps(answer).encode()
+            media = isinstance(answer, bytes)
+            data = answer if media else json.dumps(answer).encode()
             self.send_response(status)
-            self.send_header("Content-Type", "application/json")
+            kind = "application/octet-stream" if media else "application/json"
+            self.send_header("Content-Type", kind)
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
@@ -524,6 +536,21 @@ def _invalid_firewall(rule: dict) -> str | None:
     for source in rule.get("sourceRanges", []):
         if not re.fullmatch(r"\d+\.\d+\.\d+\.\d+/\d+", source):
             return f"Invalid value for field 'resource.sourceRanges[]': '{source}'."
+    return None
+
+
+def _invalid_accounts(body: dict) -> str | None:
+    """GCE's rules for an instance's service accounts: at most one, an e-mail or ``default``,
+    with scopes."""
+    accounts = body.get("serviceAccounts", [])
+    if len(accounts) > 1:
+        return "Invalid value for field 'resource.serviceAccounts': at most one is allowed"
+    for account in accounts:
+        email = account.get("email", "")
+        if email != "default" and not re.fullmatch(r"[^@\s]+@[^@\s]+\.gserviceaccount\.com", email):
+            return f"Invalid value for field 'resource.serviceAccounts[0].email': '{email}'"
+        if not account.get("scopes"):
+            return "Invalid value for field 'resource.serviceAccounts[0].scopes': ''"
     return None
 
 

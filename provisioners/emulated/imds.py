@@ -95,6 +95,9 @@ class _Quiet(http.server.BaseHTTPRequestHandler):
         self.send_response(status)
         for name, value in self.extra_headers.items():
             self.send_header(name, value)
+        # as the real services type their answers (google-auth reads the header to parse them)
+        kind = "application/json" if body.startswith(("{", "[")) else "application/text"
+        self.send_header("Content-Type", kind)
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
         self.wfile.write(data)
@@ -130,21 +133,53 @@ class GceMetadata:
     zone: str
     project_number: str = "123456789012"
     preempted: bool = False
+    project_id: str = ""
+    external_ip: str = ""
+    # the instance's service account, if it has one: its e-mail and the token its metadata
+    # hands out (the emulated API's own bearer token: what the API accepts)
+    service_account: str | None = None
+    token: str | None = field(default=None, repr=False)
 
     def notice(self, at_s: float) -> None:
         """A preemption: ``instance/preempted`` reads TRUE from now on."""
         self.preempted = True
 
     def answer(self, path: str) -> str | None:
+        path = path.split("?", 1)[0]
+        if path in ("", "/"):
+            return ""  # google-auth's ping: is this GCE?
+        if path == "/computeMetadata/v1/project/project-id":
+            return self.project_id or None
         base = "/computeMetadata/v1/instance/"
         if not path.startswith(base):
             return None
+        key = path[len(base) :]
+        if key.startswith("service-accounts/"):
+            return self._account(key[len("service-accounts/") :].rstrip("/"))
         return {
             "id": self.instance_id,
             "name": self.name,
             "zone": f"projects/{self.project_number}/zones/{self.zone}",
             "preempted": "TRUE" if self.preempted else "FALSE",
-        }.get(path[len(base) :])
+            "network-interfaces/0/access-configs/0/external-ip": self.external_ip or None,
+        }.get(key)
+
+    def _account(self, key: str) -> str | None:
+        if self.service_account is None or self.token is None:
+            return None
+        account, _, what = key.partition("/")
+        if account not in ("default", self.service_account):
+            return None
+        if what == "":  # ?recursive=true: the account's description
+            scopes = ["https://www.googleapis.com/auth/cloud-platform"]
+            return json.dumps(
+                {"email": self.service_account, "scopes": scopes, "aliases": ["default"]}
+            )
+        if what == "token":
+            return json.dumps(
+                {"access_token": self.token, "expires_in": 3599, "token_type": "Bearer"}
+            )
+        return {"email": self.service_account}.get(what)
 
 
 @dataclass

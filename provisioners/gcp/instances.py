@@ -38,6 +38,7 @@ class InstanceSpec:
     # google-guest-agent at boot; None boots the image as it is
     startup_script: str | None = field(default=None, repr=False)
     network_tags: tuple[str, ...] = ()  # the job's firewall rule targets its VMs by tag
+    service_account: str = "default"  # what the VM acts as: the project's compute default
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -110,7 +111,9 @@ def build_instance(compute: Any, spec: InstanceSpec, options: VmOptions) -> Any:
         network_interfaces=[interface],
         metadata=compute.Metadata(items=_metadata_items(compute, spec)),
         service_accounts=[
-            compute.ServiceAccount(email="default", scopes=list(options.service_account_scopes))
+            compute.ServiceAccount(
+                email=spec.service_account, scopes=list(options.service_account_scopes)
+            )
         ],
     )
     if spec.network_tags:
@@ -129,7 +132,7 @@ def build_instance(compute: Any, spec: InstanceSpec, options: VmOptions) -> Any:
 
 def _metadata_items(compute: Any, spec: InstanceSpec) -> list[Any]:
     # Deep Learning VM images install the NVIDIA driver on first boot when asked
-    items = [compute.Items(key="install-nvidia-driver", value="True")]
+    items = [compute.Items(key="install-nvidia-driver", value="True")] if spec.gpu else []
     if spec.startup_script is not None:
         (item,) = gcp_metadata(spec.startup_script)["items"]  # raises ScriptTooLarge
         items.append(compute.Items(key=item["key"], value=item["value"]))

@@ -85,6 +85,10 @@ class Market:
             self._machines[(zone, machine_type)] = sdk.shape(found)
         return self._machines[(zone, machine_type)]
 
+    def zones(self, regions: Collection[str] | None) -> list[str]:
+        """The zones that are up in ``regions`` (None: every allowed region)."""
+        return self._zones(regions)
+
     def _zones(self, regions: Collection[str] | None) -> list[str]:
         """Names of the UP zones allowed by the options and by ``regions``."""
         api = self._api

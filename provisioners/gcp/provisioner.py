@@ -30,6 +30,7 @@ from provisioners.base import (
     Event,
     Feature,
     Firewall,
+    Identities,
     LabelledVm,
     LaunchRequest,
     Node,
@@ -42,7 +43,7 @@ from provisioners.base import (
     poll_until_events,
 )
 from provisioners.bootstrap.script import boot_data, gcp_metadata
-from provisioners.gcp import errors, pricing, sdk
+from provisioners.gcp import errors, hosting, pricing, sdk
 from provisioners.gcp import firewall as job_firewall
 from provisioners.gcp.api import ComputeApi
 from provisioners.gcp.catalog import gpus_for, last_segment
@@ -184,6 +185,17 @@ class GcpProvisioner(Provisioner):
     def check_credentials(self) -> None:
         self._api.credentials_and_project()
 
+    # ---- hosting a job's controller (hosting.py) -------------------------------------------------
+
+    def job_bucket(self, region: str) -> str:
+        return hosting.ensure_bucket(self._api, region, endpoint=self._storage_endpoint())
+
+    def identities(self, bucket_url: str) -> Identities:
+        return hosting.IDENTITIES
+
+    def _storage_endpoint(self) -> str | None:
+        return (self.options.client_options or {}).get("api_endpoint")
+
     @property
     def project(self) -> str:
         return self._api.project
@@ -214,6 +226,7 @@ class GcpProvisioner(Provisioner):
                 labels=labels,
                 startup_script=request.boot_scripts[i] if request.boot_scripts else None,
                 network_tags=self._behind(request.firewall),
+                service_account=request.identity or "default",
             )
             for i in range(request.count)
         ]
@@ -278,6 +291,10 @@ class GcpProvisioner(Provisioner):
         region = parts[1]
         if len(parts) > 2:
             return region, parts[2]
+        if not request.gpu:  # a CPU VM (a job's controller): the first zone that is up
+            zones = self._market.zones([region])
+            if zones:
+                return region, zones[0]
         for shape in self._market.zone_gpus(gpus=[request.gpu], regions=[region]):
             if shape.machine.name == request.instance_type:
                 return region, shape.zone
@@ -291,6 +308,8 @@ class GcpProvisioner(Provisioner):
     def _gpu_count(self, request: LaunchRequest, zone: str) -> tuple[int, bool]:
         """GPUs per node, and whether they are attached as guestAccelerators (False: the
         accelerator-optimized machine type carries them)."""
+        if not request.gpu:
+            return 0, False  # a CPU VM
         machine = self._market.machine(zone, request.instance_type)
         count, attached = gpus_for(request.instance_type, request.gpu, machine)
         if count == 0:

@@ -112,3 +112,10 @@ def authorized_session(credentials: Any) -> Any:
     from google.auth.transport.requests import AuthorizedSession
 
     return AuthorizedSession(credentials)
+
+
+def token_credentials(token: str) -> Any:
+    """Credentials that send a fixed bearer ``token`` (an emulated API's), never refreshed."""
+    from google.oauth2.credentials import Credentials
+
+    return Credentials(token=token)

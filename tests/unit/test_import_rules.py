@@ -19,7 +19,8 @@ SDK_HOMES = {
     "botocore": ("provisioners/aws", "runtime/storage.py"),
     "google.cloud": "provisioners/gcp",
     "googleapiclient": "provisioners/gcp",
-    "google.auth": "provisioners/gcp",
+    # GCS for checkpoints and a job's bucket: the runtime's object store again
+    "google.auth": ("provisioners/gcp", "runtime/storage.py"),
     # the emulated Azure's API speaks azure-core (provisioners/emulated/azure_api.py)
     "azure": ("provisioners/azure", "provisioners/emulated/azure_api.py"),
     "sky": "provisioners/skypilot",

@@ -1,0 +1,85 @@
+"""What a job's controller needs of GCP (provisioners/gcp/hosting.py) and what the emulated GCE
+metadata hands a VM with a service account (provisioners/emulated/imds.py), on the GCP fake."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("google.cloud.compute_v1")
+
+from provisioners.emulated.gcp_api import FakeGcp  # noqa: E402
+from provisioners.emulated.imds import GceMetadata  # noqa: E402
+from provisioners.gcp import GcpProvisioner, hosting  # noqa: E402
+
+
+@pytest.fixture
+def fake():
+    api = FakeGcp(token="tok").start()
+    yield api
+    api.stop()
+
+
+def test_the_jobs_bucket_is_made_once_private_and_in_the_region(fake):
+    adapter = GcpProvisioner.at_endpoint(fake.url, token="tok", project="test-project")
+    url = adapter.job_bucket("us-west1")
+    assert url == "gs://geo-test-project-us-west1" == adapter.job_bucket("us-west1")
+    (made,) = fake.storage.buckets.values()
+    assert made["location"] == "us-west1"
+    assert made["iamConfiguration"]["publicAccessPrevention"] == "enforced"
+    assert made["iamConfiguration"]["uniformBucketLevelAccess"] == {"enabled": True}
+    assert adapter.identities(url) == hosting.IDENTITIES
+
+
+def test_bucket_names_follow_gcs_rules():
+    assert hosting.bucket_name("example.com:My_Proj", "europe-west4") == (
+        "geo-example-com-my-proj-europe-west4"
+    )
+    assert len(hosting.bucket_name("p" * 30, "northamerica-northeast1")) <= 63
+
+
+def test_a_cpu_controller_launches_with_the_asked_service_account(fake):
+    from provisioners.base import LaunchRequest
+
+    adapter = GcpProvisioner.at_endpoint(
+        fake.url, token="tok", project="test-project", regions=("us-central1",)
+    )
+    fake.stagings_before_running = 0
+    adapter.launch(
+        LaunchRequest(
+            gang="ctl-j", infra="gcp/us-central1", instance_type="e2-standard-2", gpu="",
+            count=1, spot=False, gpus_per_node=0, identity="default", timeout_s=30,
+        )
+    )  # fmt: skip
+    (sent,) = fake.inserted
+    assert sent["zone"].startswith("us-central1-")
+    assert sent["serviceAccounts"][0]["email"] == "default"
+    assert "guestAccelerators" not in sent
+    assert not any(i["key"] == "install-nvidia-driver" for i in sent["metadata"].get("items", []))
+
+
+def test_the_fake_refuses_a_malformed_service_account(fake):
+    from provisioners.emulated.gcp_api import _invalid_accounts
+
+    assert _invalid_accounts({"serviceAccounts": [{"email": "me", "scopes": ["x"]}]})
+    assert _invalid_accounts({"serviceAccounts": [{"email": "default"}]})
+    assert _invalid_accounts({"serviceAccounts": [{"email": "default", "scopes": ["x"]}]}) is None
+
+
+def test_gce_metadata_hands_its_accounts_token_only_to_a_vm_with_one():
+    with_account = GceMetadata(
+        instance_id="i", name="i", zone="us-central1-a", project_id="test-project",
+        external_ip="198.51.100.7", service_account="sa@p.iam.gserviceaccount.com", token="tok",
+    )  # fmt: skip
+    base = "/computeMetadata/v1/instance/"
+    token = json.loads(with_account.answer(base + "service-accounts/default/token"))
+    assert token["access_token"] == "tok" and token["token_type"] == "Bearer"
+    described = json.loads(with_account.answer(base + "service-accounts/default/?recursive=true"))
+    assert described["email"] == "sa@p.iam.gserviceaccount.com"
+    assert with_account.answer(base + "network-interfaces/0/access-configs/0/external-ip") == (
+        "198.51.100.7"
+    )
+    assert with_account.answer("/computeMetadata/v1/project/project-id") == "test-project"
+    without = GceMetadata(instance_id="i", name="i", zone="us-central1-a")
+    assert without.answer(base + "service-accounts/default/token") is None
