@@ -48,17 +48,31 @@ def _recipe(tmp_path, provider: str):
     return recipe
 
 
-# aws: test_controller_vm.py, the same through a controller VM of a standing emulated cloud
-@pytest.mark.parametrize("provider", ["gcp", "azure"])
-def test_a_job_trains_on_the_emulated_cloud_through_a_reclaim(tmp_path, monkeypatch, provider):
+# aws: test_controller_vm.py, the same through a controller VM of a standing emulated cloud.
+# gcp as `submit --emulate` runs it: its controller a GCE instance launched through the adapter,
+# the job's folder in the fake's Cloud Storage; azure: the controller in this process's world
+@pytest.mark.parametrize("provider,controller_vm", [("gcp", True), ("azure", False)])
+def test_a_job_trains_on_the_emulated_cloud_through_a_reclaim(
+    tmp_path, monkeypatch, provider, controller_vm
+):
     from orchestrator.catalog import default_catalog
     from orchestrator.driver.job import RunOptions, run_job
 
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
         monkeypatch.delenv(name, raising=False)  # the emulation brings its own keys
+    monkeypatch.setenv("GEO_ORCHESTRATOR_HOME", str(tmp_path / "home"))  # its standing cloud
     recipe = _recipe(tmp_path, provider)
-    options = RunOptions(jobs_dir=tmp_path / "jobs", emulate=True, preempt_at=(8,), notice_s=8.0)
+    options = RunOptions(
+        jobs_dir=tmp_path / "jobs",
+        emulate=True,
+        controller_vm=controller_vm,
+        preempt_at=(8,),
+        notice_s=8.0,
+    )
     result = run_job(recipe, default_catalog(), options)
+    if controller_vm:  # its folder came back from the job's bucket
+        record = json.loads((result.folder / "bucket.json").read_text())
+        assert record["url"] == "gs://geo-test-project-us-central1/jobs/emu-gcp-job"
 
     assert result.state.phase == "done" and result.state.step == 60
     events = [json.loads(line) for line in (result.folder / "events.jsonl").open()]
@@ -86,6 +100,8 @@ def test_a_job_trains_on_the_emulated_cloud_through_a_reclaim(tmp_path, monkeypa
     assert [
         n for n in netns.namespaces() if n.startswith(netns.prefix(f"emu-{provider}-job"))
     ] == []
+    # a standing cloud the run started went with it
+    assert [n for n in netns.namespaces() if f"emulated-{provider}" in n] == []
 
 
 def _catalog_spot(cloud: str, region: str, instance_type: str) -> float:
@@ -131,3 +147,5 @@ def test_no_capacity_or_quota_anywhere_is_one_line_and_launches_nothing(
     assert [
         n for n in netns.namespaces() if n.startswith(netns.prefix(f"emu-{provider}-job"))
     ] == []
+    # a standing cloud the run started went with it
+    assert [n for n in netns.namespaces() if f"emulated-{provider}" in n] == []
