@@ -396,6 +396,11 @@ class Provisioner(abc.ABC):
         URL (``s3://...``): a job's controller keeps its state there, and finds it again."""
         raise self._lacking(Feature.CONTROLLER_HOST, "job_bucket", "keeps no job state", HOST_FIX)
 
+    def job_buckets(self) -> dict[str, str]:
+        """The account's buckets for jobs' state that exist now (``job_bucket`` made them):
+        region -> URL, where ``status`` looks for a job submitted from another machine."""
+        raise self._lacking(Feature.CONTROLLER_HOST, "job_buckets", "keeps no job state", HOST_FIX)
+
     def identities(self, bucket_url: str) -> Identities:
         """The identities a job's controller and its nodes act as (made when missing), allowed
         what each needs: the controller this cloud's VM calls and the bucket, a node the bucket

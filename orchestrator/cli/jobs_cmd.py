@@ -62,6 +62,12 @@ def add_jobs(commands: argparse._SubParsersAction, formatter: type) -> None:
     stop.add_argument("job")
     for parser, run in ((status, run_status), (logs, run_logs), (stop, run_stop)):
         parser.add_argument("--jobs-dir", type=Path, default=JOBS_DIR, help="where job state lives")
+        parser.add_argument(
+            "--cloud",
+            choices=CLOUDS,
+            help="a job this machine did not submit: find it in this cloud's job buckets "
+            "(with this machine's credentials; emulated-*: a standing emulated cloud)",
+        )
         if parser is not stop:
             parser.add_argument("--json", action="store_true", help="one JSON document")
         parser.set_defaults(run=run)
@@ -184,8 +190,43 @@ def _folder(args: argparse.Namespace, job: str) -> Path:
             fix="give a job's name as python -m orchestrator status lists them",
         )
     folder = args.jobs_dir / job
+    if getattr(args, "cloud", None) and not StateStore(folder).exists():
+        _fetch(args.cloud, job, folder)
     refresh(folder)  # a job whose controller runs in a cloud: its state from its bucket
     return folder
+
+
+CLOUDS = ("aws", "gcp", "emulated-aws", "emulated-gcp")
+
+
+def _fetch(cloud: str, job: str, folder: Path) -> None:
+    """Find ``job`` in ``cloud``'s job buckets and keep where it is in ``folder``."""
+    from orchestrator.driver.hosts import find_job
+    from provisioners.base import ProvisionerError
+
+    provider, registration = cloud.removeprefix("emulated-"), None
+    if cloud.startswith("emulated-"):
+        from orchestrator.driver.standing import find
+
+        registration = find(provider)
+        if registration is None:
+            raise UserError(
+                f"no emulated {provider} stands", fix="python -m orchestrator emulate list"
+            )
+    try:
+        record = find_job(job, provider, registration=registration)
+    except ProvisionerError as error:
+        raise UserError(
+            f"{error.cloud}: {error.call}: {error.message}", field="--cloud", fix=error.fix
+        ) from None
+    if record is None:
+        raise UserError(
+            f"no job {job!r} in the job buckets of {cloud}",
+            field="JOB",
+            fix="check the job's name and the account or project your credentials name",
+        )
+    folder.mkdir(parents=True, exist_ok=True, mode=0o700)
+    record.save(folder)
 
 
 def _load(folder: Path) -> JobState:

@@ -200,7 +200,7 @@ def _real_adapter(provider: str, region: str):
         return AwsProvisioner(regions=(region,), ami_ssm_parameter=CONTROLLER_AMI_PARAMETER)
     from provisioners.gcp import GcpProvisioner
 
-    return GcpProvisioner(regions=(region,), image=CONTROLLER_GCP_IMAGE)
+    return GcpProvisioner(regions=(region,) if region else (), image=CONTROLLER_GCP_IMAGE)
 
 
 def wheel_url(adapter, url: str) -> str:
@@ -303,6 +303,34 @@ def ask_stop(folder: Path) -> None:
     bucket = bucket_of(folder)
     if bucket is not None:
         bucket.put(ASKED[0], b"stop\n")
+
+
+def find_job(job: str, provider: str, *, registration=None) -> BucketRecord | None:
+    """The job's place in ``provider``'s job buckets (every region's), looked up with this
+    machine's credentials: a job submitted from another machine. ``registration``: a standing
+    emulated cloud's to ask instead."""
+    from orchestrator.driver.cloud import standing_adapter
+
+    adapter = (
+        standing_adapter(registration)
+        if registration is not None
+        else _real_adapter(provider, "us-east-1" if provider == "aws" else "")  # any region
+    )
+    try:
+        buckets = adapter.job_buckets()
+    finally:
+        adapter.close()
+    for region, url in sorted(buckets.items()):
+        record = BucketRecord(
+            url=f"{url}/jobs/{job}",
+            provider=provider,
+            region=region,
+            endpoint_url=registration.endpoint if registration else None,
+            api_netns=registration.api_netns if registration else None,
+        )
+        if JobBucket.open(record, **bucket_auth(record, registration)).exists("state.json"):
+            return record
+    return None
 
 
 def say(text: str) -> None:

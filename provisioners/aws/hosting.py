@@ -62,6 +62,15 @@ def account_of(sts: Any) -> str:
     return call(sts, "get_caller_identity")["Account"]
 
 
+def job_buckets(s3: Any, account: str) -> dict[str, str]:
+    """The account's job buckets: region -> ``s3://`` URL."""
+    stem = BUCKET.format(account=account, region="")
+    listed = call(s3, "list_buckets").get("Buckets", [])
+    return {
+        b["Name"][len(stem) :]: f"s3://{b['Name']}" for b in listed if b["Name"].startswith(stem)
+    }
+
+
 def ensure_bucket(s3: Any, name: str, region: str) -> str:
     """The bucket ``name`` in ``region``, private; made when missing. Its ``s3://`` URL."""
     try:

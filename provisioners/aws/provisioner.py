@@ -539,6 +539,11 @@ class AwsProvisioner(Provisioner):
         account = hosting.account_of(self._client("sts", region))
         return hosting.ensure_bucket(self._s3(region), hosting.bucket_name(account, region), region)
 
+    def job_buckets(self) -> dict[str, str]:
+        region = (self.config.regions or (FALLBACK_REGION,))[0]
+        account = hosting.account_of(self._client("sts", region))
+        return hosting.job_buckets(self._s3(region), account)
+
     def identities(self, bucket_url: str) -> Identities:
         return hosting.ensure_identities(self._client("iam", "us-east-1"), bucket_url)
 
@@ -547,16 +552,19 @@ class AwsProvisioner(Provisioner):
         return hosting.presign(self._s3(region), url, expires_s=expires_s)
 
     def _s3(self, region: str) -> Any:
-        """S3 by path (an emulated endpoint is an address, with no bucket subdomains)."""
+        """S3 with SigV4; by path at an emulated endpoint (an address: no bucket subdomains)."""
         key = ("s3", region)
         if key not in self._clients:
             from botocore.config import Config
 
-            extra = {"endpoint_url": self.config.endpoint_url} if self.config.endpoint_url else {}
-            style = Config(s3={"addressing_style": "path"}) if extra else None
-            self._clients[key] = self._get_session().client(
-                "s3", region_name=region, config=style, **extra
-            )
+            # SigV4 (a presigned URL's only lasting form); by path at an emulated endpoint
+            style = "path" if self.config.endpoint_url else "auto"
+            extra: dict[str, Any] = {
+                "config": Config(signature_version="s3v4", s3={"addressing_style": style})
+            }
+            if self.config.endpoint_url:
+                extra["endpoint_url"] = self.config.endpoint_url
+            self._clients[key] = self._get_session().client("s3", region_name=region, **extra)
         return self._clients[key]
 
     def close(self) -> None:

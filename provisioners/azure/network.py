@@ -4,8 +4,18 @@ azure-mgmt-network is not a dependency, so ``ArmNics`` creates NICs with plain A
 (``Microsoft.Network/networkInterfaces``) sent through the compute client's own pipeline
 (``ComputeManagementClient.send_request``): same credential, retries and logging, no extra SDK.
 Each NIC gets one dynamic private IP in an existing subnet (``subnet_id``); it is created with
-``deleteOption: Delete`` on the VM so that deleting the VM deletes it. Anything else (public IPs,
-accelerated networking, your own NIC builder) plugs in through the ``NicFactory`` protocol.
+``deleteOption: Delete`` on the VM so that deleting the VM deletes it. Anything else (accelerated
+networking, your own NIC builder) plugs in through the ``NicFactory`` protocol.
+
+A VM launched behind a job's firewall (``LaunchRequest.firewall``) also gets what a node of a
+job needs to be reached from another cloud, as on AWS and GCP:
+
+- a Standard static **public IP** of its own (``Microsoft.Network/publicIPAddresses``, deleted with
+  its NIC);
+- the job's **network security group** in its location, ``<firewall name>-<location>``
+  (``Microsoft.Network/networkSecurityGroups``): one inbound rule allowing the overlay's UDP port
+  from the firewall's sources; Azure's default rules deny every other inbound packet from the
+  internet and keep replies. ``open_overlay`` rewrites the rule in every location the job used.
 """
 
 from __future__ import annotations
@@ -15,20 +25,28 @@ import time
 from typing import Any, Protocol
 
 from provisioners.azure.errors import map_error
-from provisioners.base import CloudCallError
+from provisioners.base import CloudCallError, Firewall
 
 NETWORK_API_VERSION = "2023-11-01"
+OVERLAY_RULE_PRIORITY = 100  # ours first; Azure's defaults sit at 65000 and above
 
 
 class NicFactory(Protocol):
     """Makes, finds the address of, and deletes the NIC of a node named ``name``."""
 
-    def create(self, *, name: str, location: str, deadline_s: float) -> str:
-        """Create the NIC (waiting until ARM has provisioned it) and return its resource id."""
+    def create(
+        self, *, name: str, location: str, deadline_s: float, firewall: Firewall | None = None
+    ) -> str:
+        """Create the NIC (waiting until ARM has provisioned it) and return its resource id;
+        behind ``firewall`` with a public IP of its own when one is given."""
+        ...
+
+    def open_overlay(self, firewall: Firewall) -> None:
+        """Make the job's security groups admit exactly ``firewall.sources``."""
         ...
 
     def address(self, name: str) -> str | None:
-        """The node's private IP address, if known."""
+        """The node's public IP address if it has one, else its private one, if known."""
         ...
 
     def delete(self, name: str) -> None:
@@ -50,59 +68,121 @@ class ArmNics:
         stop: threading.Event,
     ) -> None:
         self._client, self._subnet_id = client, subnet_id
-        self._prefix = (
-            f"/subscriptions/{subscription_id}/resourceGroups/{resource_group}"
-            "/providers/Microsoft.Network/networkInterfaces/"
-        )
+        self._group = f"/subscriptions/{subscription_id}/resourceGroups/{resource_group}"
+        self._prefix = f"{self._group}/providers/Microsoft.Network/networkInterfaces/"
         self._poll_interval_s, self._stop = poll_interval_s, stop
+        self._groups: dict[tuple[str, str], str] = {}  # (firewall name, location) -> its id
 
     def nic_name(self, name: str) -> str:
         return f"{name}-nic"
 
-    def create(self, *, name: str, location: str, deadline_s: float) -> str:
-        body = {
-            "location": location,
+    def create(
+        self, *, name: str, location: str, deadline_s: float, firewall: Firewall | None = None
+    ) -> str:
+        config: dict = {"subnet": {"id": self._subnet_id}, "privateIPAllocationMethod": "Dynamic"}
+        properties: dict = {"ipConfigurations": [{"name": "ipconfig1", "properties": config}]}
+        if firewall is not None:
+            properties["networkSecurityGroup"] = {"id": self._security_group(firewall, location)}
+            ip_id = self._public_ip(name, location, deadline_s)
+            config["publicIPAddress"] = {"id": ip_id, "properties": {"deleteOption": "Delete"}}
+        path = self._prefix + self.nic_name(name)
+        self._provisioned(path, {"location": location, "properties": properties}, deadline_s)
+        return path
+
+    def open_overlay(self, firewall: Firewall) -> None:
+        for name, location in list(self._groups):
+            if name == firewall.name:
+                self._security_group(firewall, location)
+
+    def _security_group(self, firewall: Firewall, location: str) -> str:
+        """The job's NSG in ``location``, its one rule as ``firewall`` says (PUT: made or set)."""
+        path = (
+            f"{self._group}/providers/Microsoft.Network/networkSecurityGroups/"
+            f"{firewall.name}-{location}"
+        )
+        rule = {
+            "name": "overlay",
             "properties": {
-                "ipConfigurations": [
-                    {
-                        "name": "ipconfig1",
-                        "properties": {
-                            "subnet": {"id": self._subnet_id},
-                            "privateIPAllocationMethod": "Dynamic",
-                        },
-                    }
-                ]
+                "description": f"geo-orchestrator job {firewall.job}: WireGuard only",
+                "protocol": "Udp",
+                "sourcePortRange": "*",
+                "destinationPortRange": str(firewall.port),
+                # none yet: a rule must name a source; loopback admits nobody from outside
+                "sourceAddressPrefixes": list(firewall.cidrs()) or ["127.0.0.1/32"],
+                "destinationAddressPrefix": "*",
+                "access": "Allow",
+                "priority": OVERLAY_RULE_PRIORITY,
+                "direction": "Inbound",
             },
         }
-        nic = self._call("PUT", name, body)
-        # NIC creation is a long-running operation too; a VM may reference it only once done.
-        while (nic or {}).get("properties", {}).get("provisioningState") not in ("Succeeded", None):
+        body = {
+            "location": location,
+            "tags": {"geo-job": firewall.job},
+            "properties": {"securityRules": [rule]},
+        }
+        self._arm("PUT", path, body, call="networkSecurityGroups PUT")
+        self._groups[(firewall.name, location)] = path
+        return path
+
+    def _public_ip(self, name: str, location: str, deadline_s: float) -> str:
+        path = f"{self._group}/providers/Microsoft.Network/publicIPAddresses/{name}-ip"
+        body = {
+            "location": location,
+            "sku": {"name": "Standard"},
+            "properties": {"publicIPAllocationMethod": "Static"},
+        }
+        self._provisioned(path, body, deadline_s)
+        return path
+
+    def _provisioned(self, path: str, body: dict, deadline_s: float) -> dict:
+        """PUT a resource and wait until ARM has provisioned it (a VM may reference it only
+        then): creating one is a long-running operation."""
+        kind = path.rsplit("/", 2)[-2]
+        made = self._arm("PUT", path, body, call=f"{kind} PUT")
+        while (made or {}).get("properties", {}).get("provisioningState") not in (
+            "Succeeded",
+            None,
+        ):
             if time.monotonic() >= deadline_s:
                 raise CloudCallError(
-                    f"NIC {self.nic_name(name)} not provisioned in time",
+                    f"{path.rsplit('/', 1)[-1]} not provisioned in time",
                     cloud="azure",
-                    call="networkInterfaces PUT",
+                    call=f"{kind} PUT",
                     fix="retry; check the subnet and the resource group's activity log",
                 )
             self._stop.wait(self._poll_interval_s)
-            nic = self._call("GET", name)
-        return self._prefix + self.nic_name(name)
+            made = self._arm("GET", path, call=f"{kind} GET")
+        return made or {}
 
     def address(self, name: str) -> str | None:
-        nic = self._call("GET", name) or {}
-        configs = nic.get("properties", {}).get("ipConfigurations") or [{}]
+        public = self._arm(
+            "GET",
+            f"{self._group}/providers/Microsoft.Network/publicIPAddresses/{name}-ip",
+            call="publicIPAddresses GET",
+        )
+        found = (public or {}).get("properties", {}).get("ipAddress")
+        if found:
+            return found
+        nic = self._arm("GET", self._prefix + self.nic_name(name), call="networkInterfaces GET")
+        configs = (nic or {}).get("properties", {}).get("ipConfigurations") or [{}]
         return configs[0].get("properties", {}).get("privateIPAddress")
 
     def delete(self, name: str) -> None:
-        self._call("DELETE", name)
+        """The NIC, then its public IP (a VM's deletion takes both; a NIC whose VM was never
+        made leaves its IP behind otherwise)."""
+        self._arm("DELETE", self._prefix + self.nic_name(name), call="networkInterfaces DELETE")
+        self._arm(
+            "DELETE",
+            f"{self._group}/providers/Microsoft.Network/publicIPAddresses/{name}-ip",
+            call="publicIPAddresses DELETE",
+        )
 
-    def _call(self, method: str, name: str, body: dict | None = None) -> dict | None:
-        """One ARM request; None for a missing NIC (404), typed errors otherwise."""
+    def _arm(self, method: str, path: str, body: dict | None = None, *, call: str) -> dict | None:
+        """One ARM request; None for a missing resource (404), typed errors otherwise."""
         from azure.core.exceptions import AzureError
         from azure.core.rest import HttpRequest
 
-        url = f"{self._prefix}{self.nic_name(name)}?api-version={NETWORK_API_VERSION}"
-        call = f"networkInterfaces {method}"
+        url = f"{path}?api-version={NETWORK_API_VERSION}"
         try:
             response = self._client.send_request(HttpRequest(method, url, json=body))
             if response.status_code == 404:
@@ -110,4 +190,4 @@ class ArmNics:
             response.raise_for_status()
             return response.json() if response.content else None
         except AzureError as error:
-            raise map_error(error, call=call, where=self.nic_name(name)) from error
+            raise map_error(error, call=call, where=path.rsplit("/", 1)[-1]) from error

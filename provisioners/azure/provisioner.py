@@ -44,6 +44,7 @@ from provisioners.base import (
     CloudCallError,
     Event,
     Feature,
+    Firewall,
     LabelledVm,
     LaunchRequest,
     Node,
@@ -88,8 +89,6 @@ class AzureProvisioner(Provisioner):
     launch_timeout_s = 90.0 + GPU_VM_BOOT_S + BOOTSTRAP_INSTALL_S
     unsupported = {
         Feature.RELABEL: "not yet: a VM's tags would be PATCHed through the compute API",
-        Feature.FIREWALL: "no network security group per job yet (nor a public IP on a "
-        "node's NIC): VMs get the subnet's rules; their own nftables admit only WireGuard",
         Feature.AVAILABLE_COUNT: "Azure publishes no count of free VMs; resource SKUs say only "
         "whether a size may be deployed in a location or zone",
         Feature.AVAILABILITY_SCORE: "Azure's Spot Placement Score is a preview API outside "
@@ -301,6 +300,9 @@ class AzureProvisioner(Provisioner):
         ]
         self._delete(gone, reason="a sweep of labelled VMs")
 
+    def open_overlay(self, firewall: Firewall) -> None:
+        self._nics().open_overlay(firewall)
+
     def terminate(self, node_ids: Sequence[str]) -> None:
         with self._lock:
             known = [self._tracked[i] for i in node_ids if i in self._tracked]
@@ -427,7 +429,9 @@ class AzureProvisioner(Provisioner):
         from azure.core.exceptions import AzureError
 
         name = tracked.node.node_id
-        nic_id = self._nics().create(name=name, location=region, deadline_s=deadline_s)
+        nic_id = self._nics().create(
+            name=name, location=region, deadline_s=deadline_s, firewall=request.firewall
+        )
         tags = {GANG_TAG: request.gang, **dict(request.labels)}
         body = vm_body(
             self._vm_settings(),

@@ -8,8 +8,10 @@ that runs its decoded ``osProfile.customData``, as cloud-init does, with Azure's
 service inside it (Scheduled Events, ``Metadata: true``). They stay in step: a deleted VM loses its
 namespace; one that powers itself off is left stopped; ``interrupt(name, notice_s)`` is a Spot
 eviction (a ``Preempt`` scheduled event now, then at ``NotBefore`` the VM goes and ARM deletes it
-under eviction policy Delete); ``lose`` takes it with no notice. The API's SKUs are the T4 sizes
-the catalog lists for the emulated regions, at the catalog's published prices.
+under eviction policy Delete); ``lose`` takes it with no notice. A VM whose NIC is behind a
+network security group has the group's inbound rules in front of it as nftables rules, kept in
+step with the API (what the group does not admit does not arrive). The API's SKUs are the T4
+sizes the catalog lists for the emulated regions, at the catalog's published prices.
 
 Needs root (namespaces).
 """
@@ -90,9 +92,12 @@ class EmulatedAzure(EmulatedCloud):
 
     def _seen(self) -> list[Seen]:
         with self.api.lock:
-            vms = [(vm.name, vm.body, vm.provisioning, vm.power) for vm in self.api.vms.values()]
+            vms = [
+                (vm.name, vm.body, vm.provisioning, vm.power, self.api.ingress(vm.body))
+                for vm in self.api.vms.values()
+            ]
         seen = []
-        for name, body, provisioning, power in vms:
+        for name, body, provisioning, power, ingress in vms:
             data = body["properties"].get("osProfile", {}).get("customData")
             seen.append(
                 Seen(
@@ -100,6 +105,7 @@ class EmulatedAzure(EmulatedCloud):
                     zone=(body.get("zones") or [""])[0],
                     running=provisioning != "Failed" and power in ("starting", "running"),
                     script=base64.b64decode(data) if data else None,
+                    ingress=ingress,  # its security group's rules, as the VM's own firewall
                 )
             )
         return seen

@@ -17,7 +17,6 @@ Retail Prices API.
 
 from __future__ import annotations
 
-import base64
 import itertools
 import json
 import re
@@ -34,6 +33,8 @@ from azure.core.rest import HttpRequest
 # azure-core has no public in-memory response; HttpResponseImpl is the base its own transports use.
 from azure.core.rest._http_response_impl import HttpResponseImpl
 from azure.core.utils import case_insensitive_dict
+
+from provisioners.emulated.azure_checks import invalid_custom_data, invalid_login, invalid_rules
 
 ARM = "management.azure.com"
 PRICES = "prices.azure.com"
@@ -161,6 +162,8 @@ class FakeAzure:
     create_errors: dict[str, tuple[int, str, str]] = field(default_factory=dict)
     vms: dict[str, FakeVm] = field(default_factory=dict)
     nics: dict[str, dict] = field(default_factory=dict)
+    public_ips: dict[str, dict] = field(default_factory=dict)
+    security_groups: dict[str, dict] = field(default_factory=dict)
     operations: dict[str, dict] = field(default_factory=dict)
     create_bodies: list[dict] = field(default_factory=list)
     deleted: list[str] = field(default_factory=list)
@@ -216,6 +219,14 @@ class FakeAzure:
             (
                 rf"{sub}/resourceGroups/[^/]+/providers/Microsoft\.Network/networkInterfaces/([^/]+)",
                 self._nic,
+            ),
+            (
+                rf"{sub}/resourceGroups/[^/]+/providers/Microsoft\.Network/publicIPAddresses/([^/]+)",
+                self._public_ip,
+            ),
+            (
+                rf"{sub}/resourceGroups/[^/]+/providers/Microsoft\.Network/networkSecurityGroups/([^/]+)",
+                self._security_group,
             ),
         )
         for pattern, handler in routes:
@@ -299,7 +310,7 @@ class FakeAzure:
             if price != -1 and not (isinstance(price, (int, float)) and price > 0):
                 return f"billingProfile.maxPrice {price!r}: -1 or a positive price"
         profile = props.get("osProfile", {})
-        return _invalid_login(profile) or _invalid_custom_data(profile.get("customData"))
+        return invalid_login(profile) or invalid_custom_data(profile.get("customData"))
 
     def _async(self, request: HttpRequest, http_status: int, body: dict, **op: Any):
         op_id = f"op-{next(self._ids)}"
@@ -325,25 +336,83 @@ class FakeAzure:
         ]
         return _response(request, 200, {"statuses": statuses})
 
+    def _public_ip(self, request: HttpRequest, name: str):
+        if request.method == "PUT":
+            body = json.loads(request.content)
+            if body.get("sku", {}).get("name") != "Standard":
+                return _error(request, 400, "InvalidParameter", "use a Standard public IP")
+            address = f"203.0.113.{len(self.public_ips) % 250 + 2}"
+            body.setdefault("properties", {}).update(
+                ipAddress=address, provisioningState="Succeeded"
+            )
+            self.public_ips[name] = {**body, "name": name, "id": _path_of(request)}
+            return _response(request, 201, self.public_ips[name])
+        return _stored(request, self.public_ips, name, "public IP")
+
+    def _security_group(self, request: HttpRequest, name: str):
+        if request.method == "PUT":
+            body = json.loads(request.content)
+            problem = invalid_rules(body.get("properties", {}).get("securityRules", []))
+            if problem:
+                return _error(request, 400, "SecurityRuleInvalid", problem)
+            body["properties"]["provisioningState"] = "Succeeded"
+            self.security_groups[name] = {**body, "name": name, "id": _path_of(request)}
+            return _response(request, 200, self.security_groups[name])
+        return _stored(request, self.security_groups, name, "network security group")
+
+    def ingress(self, vm_body: dict) -> tuple[tuple[str, int, int, str], ...] | None:
+        """What the VM's NICs' security groups admit from the internet ((protocol, first port,
+        last port, source CIDR) rules), None where no group stands in front of it."""
+        rules, grouped = set(), False
+        for ref in vm_body["properties"]["networkProfile"]["networkInterfaces"]:
+            nic = self.nics.get(ref["id"].rsplit("/", 1)[-1], {})
+            group_ref = nic.get("properties", {}).get("networkSecurityGroup")
+            if not group_ref:
+                continue
+            grouped = True
+            group = self.security_groups.get(group_ref["id"].rsplit("/", 1)[-1], {})
+            for rule in group.get("properties", {}).get("securityRules", []):
+                props = rule["properties"]
+                if props["direction"] != "Inbound" or props["access"] != "Allow":
+                    continue
+                low, _, high = props["destinationPortRange"].partition("-")
+                protocol = {"Udp": "udp", "Tcp": "tcp"}.get(props["protocol"], "-1")
+                for source in props.get("sourceAddressPrefixes", []):
+                    rules.add((protocol, int(low), int(high or low), source))
+        return tuple(sorted(rules)) if grouped else None
+
     def _nic(self, request: HttpRequest, name: str):
         if request.method == "PUT":
             body = json.loads(request.content)
+            problem = self._invalid_nic(body["properties"])
+            if problem:
+                return _error(request, 400, "InvalidResourceReference", problem)
             ip = f"10.0.0.{len(self.nics) + 4}"
             body["properties"]["ipConfigurations"][0]["properties"]["privateIPAddress"] = ip
             body["properties"]["provisioningState"] = "Succeeded"
-            self.nics[name] = {**body, "name": name, "id": request.url.split("?")[0].split(ARM)[1]}
+            self.nics[name] = {**body, "name": name, "id": _path_of(request)}
             return _response(request, 201, self.nics[name])
-        if request.method == "DELETE":
-            self.nics.pop(name, None)
-            return _response(request, 200)
-        if name not in self.nics:
-            return _error(request, 404, "NotFound", f"network interface {name} not found")
-        return _response(request, 200, self.nics[name])
+        return _stored(request, self.nics, name, "network interface")
+
+    def _invalid_nic(self, props: dict) -> str | None:
+        """A NIC may reference only a public IP and a security group that exist."""
+        for config in props.get("ipConfigurations", []):
+            public = config.get("properties", {}).get("publicIPAddress")
+            if public and public["id"].rsplit("/", 1)[-1] not in self.public_ips:
+                return f"public IP {public['id']} does not exist"
+        group = props.get("networkSecurityGroup")
+        if group and group["id"].rsplit("/", 1)[-1] not in self.security_groups:
+            return f"network security group {group['id']} does not exist"
+        return None
 
     def _drop_nics(self, vm: FakeVm) -> None:
         for nic in vm.body["properties"]["networkProfile"]["networkInterfaces"]:
             if nic.get("properties", {}).get("deleteOption") == "Delete":
-                self.nics.pop(nic["id"].rsplit("/", 1)[-1], None)
+                gone = self.nics.pop(nic["id"].rsplit("/", 1)[-1], None) or {}
+                for config in gone.get("properties", {}).get("ipConfigurations", []):
+                    public = config.get("properties", {}).get("publicIPAddress") or {}
+                    if public.get("properties", {}).get("deleteOption") == "Delete":
+                        self.public_ips.pop(public["id"].rsplit("/", 1)[-1], None)
 
     def _prices(self, request: HttpRequest, url) -> Any:
         query = parse_qs(url.query)
@@ -394,42 +463,18 @@ class FakeAzureTransport(HttpTransport):
         return None
 
 
-def _invalid_custom_data(text: str | None) -> str | None:
-    """ARM's rule for ``osProfile.customData``: base64, at most 87380 characters."""
-    if text is None:
-        return None
-    try:
-        base64.b64decode(text, validate=True)
-    except (ValueError, TypeError):
-        text = None
-    if text is None or len(text) > 87380:
-        return (
-            "Custom data in OSProfile must be in Base64 encoding and with a maximum length of "
-            "87380 characters."
-        )
-    return None
+def _stored(request: HttpRequest, store: dict, name: str, what: str):
+    """GET or DELETE of a stored network resource (a missing one: 404; deleting it: fine)."""
+    if request.method == "DELETE":
+        store.pop(name, None)
+        return _response(request, 200)
+    if name not in store:
+        return _error(request, 404, "NotFound", f"{what} {name} not found")
+    return _response(request, 200, store[name])
 
 
-def _invalid_login(profile: dict) -> str | None:
-    """ARM's rules for a Linux VM's login: an admin name, and with passwords off at least one
-    OpenSSH public key at that user's authorized_keys."""
-    user = profile.get("adminUsername")
-    if not user or user in {"admin", "root", "administrator", "user", "guest"}:
-        return f"adminUsername {user!r} is missing or reserved"
-    linux = profile.get("linuxConfiguration", {})
-    if linux.get("disablePasswordAuthentication") and not profile.get("adminPassword"):
-        keys = linux.get("ssh", {}).get("publicKeys") or []
-        if not keys:
-            return "Authentication using either SSH or by user name and password must be enabled"
-        for key in keys:
-            data = key.get("keyData") or ""
-            if not data.startswith(("ssh-rsa AAAA", "ssh-ed25519 AAAA")):
-                return f"the value of keyData is not a valid SSH public key: {data[:20]!r}"
-            if key.get("path") != f"/home/{user}/.ssh/authorized_keys":
-                return (
-                    f"the SSH key path {key.get('path')!r} is not /home/{user}/.ssh/authorized_keys"
-                )
-    return None
+def _path_of(request: HttpRequest) -> str:
+    return request.url.split("?")[0].split(ARM)[1]
 
 
 # ---- over the wire (the emulated Azure) -----------------------------------------------------------

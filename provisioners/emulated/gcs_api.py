@@ -26,6 +26,12 @@ class FakeGcs:
         """(status, a JSON answer or the bytes of an object)."""
         if path == "/storage/v1/b" and method == "POST":
             return self._insert_bucket(query, raw)
+        if path == "/storage/v1/b" and method == "GET":
+            if not query.get("project"):
+                return _invalid("Required parameter: project")
+            prefix = query.get("prefix", [""])[0]
+            items = [b for n, b in sorted(self.buckets.items()) if n.startswith(prefix)]
+            return 200, {"kind": "storage#buckets", "items": items}
         match = re.fullmatch(r"/storage/v1/b/([^/]+)", path)
         if match and method == "GET":
             found = self.buckets.get(match.group(1))

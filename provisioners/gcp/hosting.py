@@ -24,8 +24,30 @@ STORAGE_API = "https://storage.googleapis.com"
 
 def bucket_name(project: str, region: str) -> str:
     """GCS's rules: 3-63 of [a-z0-9-_.], starting and ending with a letter or digit."""
-    name = re.sub(r"[^a-z0-9-]", "-", f"geo-{project}-{region}".lower())[:63]
-    return name.strip("-")
+    return (_stem(project) + region.lower())[:63].strip("-")
+
+
+def _stem(project: str) -> str:
+    return re.sub(r"[^a-z0-9-]", "-", f"geo-{project}-".lower())
+
+
+def job_buckets(api: Any, *, endpoint: str | None) -> dict[str, str]:
+    """The project's job buckets: region -> ``gs://`` URL."""
+    from google.auth.transport.requests import AuthorizedSession
+
+    stem = _stem(api.project)
+    base = (endpoint or STORAGE_API).rstrip("/")
+    session, found, params = AuthorizedSession(api.credentials), [], {"project": api.project}
+    params["prefix"] = stem
+    while True:
+        page = _request(session, "GET", f"{base}/storage/v1/b", call="buckets.list", params=params)
+        if page.status_code != 200:
+            raise _failed(page, "buckets.list", stem)
+        answer = page.json()
+        found += [b["name"] for b in answer.get("items", [])]
+        if not answer.get("nextPageToken"):
+            return {name[len(stem) :]: f"gs://{name}" for name in found}
+        params["pageToken"] = answer["nextPageToken"]
 
 
 def ensure_bucket(api: Any, region: str, *, endpoint: str | None) -> str:

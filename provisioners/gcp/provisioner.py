@@ -190,6 +190,9 @@ class GcpProvisioner(Provisioner):
     def job_bucket(self, region: str) -> str:
         return hosting.ensure_bucket(self._api, region, endpoint=self._storage_endpoint())
 
+    def job_buckets(self) -> dict[str, str]:
+        return hosting.job_buckets(self._api, endpoint=self._storage_endpoint())
+
     def identities(self, bucket_url: str) -> Identities:
         return hosting.IDENTITIES
 

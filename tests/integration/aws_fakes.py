@@ -189,7 +189,8 @@ class FakeSession:
         self._fake = fake
         self.region_name = REGION
 
-    def client(self, service: str, region_name: str | None = None) -> FakeClient:
+    def client(self, service: str, region_name: str | None = None, **options: Any) -> FakeClient:
+        # options (config=, endpoint_url=) are boto3's own; the fake's moto client has its own
         return FakeClient(self._fake, service, region_name or REGION)
 
     def get_credentials(self) -> Any:

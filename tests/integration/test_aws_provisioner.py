@@ -499,3 +499,48 @@ def test_sdk_debug_logs_lose_keys_and_session_tokens(
     message = caplog.records[-1].getMessage()
     assert "FAKESESSIONTOKEN" not in message and ACCESS_KEY_ID not in message
     assert "X-Amz-Security-Token" in message and "***" in message
+
+
+# ---- hosting a job's controller ---------------------------------------------------------------------
+
+
+def test_a_private_job_bucket_and_the_two_identities_are_made_once(fake: FakeAws) -> None:
+    provisioner = make(fake)
+    url = provisioner.job_bucket(REGION)
+    assert url == f"s3://geo-orchestrator-123456789012-{REGION}" == provisioner.job_bucket(REGION)
+    s3 = fake.session.client("s3", region_name=REGION)
+    blocked = s3.get_public_access_block(Bucket=url[5:])["PublicAccessBlockConfiguration"]
+    assert all(blocked.values())
+    assert provisioner.job_buckets() == {REGION: url}
+
+    identities = provisioner.identities(url)
+    identities_again = provisioner.identities(url)  # the policies rewritten, nothing doubled
+    assert identities == identities_again
+    iam = fake.session.client("iam", region_name=REGION)
+    profile = iam.get_instance_profile(InstanceProfileName=identities.node)["InstanceProfile"]
+    assert [r["RoleName"] for r in profile["Roles"]] == [identities.node]
+    policy = iam.get_role_policy(RoleName=identities.node, PolicyName=identities.node)
+    resources = {str(s["Resource"]) for s in policy["PolicyDocument"]["Statement"]}
+    assert f"arn:aws:s3:::{url[5:]}/jobs/*" in resources  # the bucket's jobs only
+
+    key = "jobs/j/wheel/w.whl"
+    s3.put_object(Bucket=url[5:], Key=key, Body=b"wheel")
+    plain = make(fake, session_factory=lambda: fake.session)  # boto3's own client: it signs
+    presigned = plain.presign(f"{url}/{key}", expires_s=60)
+    assert "X-Amz-Signature" in presigned and "X-Amz-Expires=60" in presigned
+
+
+def test_a_controller_instance_acts_as_its_profile_and_terminates_on_shutdown(fake: FakeAws):
+    provisioner = make(fake)
+    identities = provisioner.identities(provisioner.job_bucket(REGION))
+    provisioner.launch(
+        request(
+            count=1, spot=False, gpu="", instance_type="g4dn.xlarge", identity=identities.controller
+        )
+    )
+    (instance,) = moto_instances(fake)
+    assert instance["IamInstanceProfile"]["Arn"].endswith(f"/{identities.controller}")
+    attribute = fake.session.client("ec2", region_name=REGION).describe_instance_attribute(
+        InstanceId=instance["InstanceId"], Attribute="instanceInitiatedShutdownBehavior"
+    )
+    assert attribute["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"

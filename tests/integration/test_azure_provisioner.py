@@ -553,3 +553,38 @@ def test_started_event_without_not_before_is_due_now():
         {"Events": [preempt_event("vm-1", "")]}, vm_name="vm-1", infra="i", now_s=100.0
     )
     assert notice is not None and notice.deadline_s == 100.0
+
+
+def test_behind_a_job_firewall_a_node_gets_a_public_ip_and_the_jobs_security_group(
+    azure: AzureProvisioner, cloud: FakeAzure
+):
+    from provisioners.base import Firewall
+
+    firewall = Firewall(job="j", port=51820, sources=("198.51.100.9",))
+    (node, _) = azure.launch(request(firewall=firewall))
+    (group,) = cloud.security_groups.values()
+    assert group["name"] == "geo-j-eastus"
+    (rule,) = group["properties"]["securityRules"]
+    assert rule["properties"]["sourceAddressPrefixes"] == ["198.51.100.9/32"]
+    assert (rule["properties"]["protocol"], rule["properties"]["destinationPortRange"]) == (
+        "Udp",
+        "51820",
+    )
+    assert node.address in {ip["properties"]["ipAddress"] for ip in cloud.public_ips.values()}
+    vm = next(iter(cloud.vms.values()))
+    assert cloud.ingress(vm.body) == (("udp", 51820, 51820, "198.51.100.9/32"),)
+
+    # a node joined: the rule admits it too; one that left is no longer admitted
+    azure.open_overlay(Firewall(job="j", port=51820, sources=("198.51.100.9", "203.0.113.5")))
+    assert cloud.ingress(vm.body) == (
+        ("udp", 51820, 51820, "198.51.100.9/32"),
+        ("udp", 51820, 51820, "203.0.113.5/32"),
+    )
+    azure.terminate([n.node_id for n in azure.nodes()])
+    assert cloud.public_ips == {}  # gone with their NICs
+
+
+def test_the_fake_refuses_a_nic_behind_a_group_that_does_not_exist(cloud: FakeAzure):
+    assert "does not exist" in cloud._invalid_nic(
+        {"networkSecurityGroup": {"id": "/x/networkSecurityGroups/none"}}
+    )

@@ -129,6 +129,10 @@ def test_the_job_outlives_its_controller_and_its_submitter(tmp_path):
         _until("steps after the kill", lambda: state().get("step", 0) >= killed_at + 5)
         shown = json.loads(_cli(env, "status", JOB, "--json", cwd=other).stdout)["jobs"][0]
         assert shown["phase"] == "train" and int(shown["step"].split("/")[0]) > left["step"]
+        # a machine that never submitted it finds it in the cloud's job buckets
+        elsewhere = ["--jobs-dir", str(tmp_path / "another-machine"), "--cloud", "emulated-aws"]
+        found = _cli(env, "status", JOB, "--json", *elsewhere, cwd=other).stdout
+        assert json.loads(found)["jobs"][0]["phase"] == "train"
 
         # priced at the emulated API's spot price: the catalog's published one for its type
         for request in state()["choice"]["requests"]:

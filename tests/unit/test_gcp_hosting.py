@@ -32,6 +32,16 @@ def test_the_jobs_bucket_is_made_once_private_and_in_the_region(fake):
     assert adapter.identities(url) == hosting.IDENTITIES
 
 
+def test_the_jobs_buckets_are_found_by_region_and_no_other_projects(fake):
+    adapter = GcpProvisioner.at_endpoint(fake.url, token="tok", project="test-project")
+    adapter.job_bucket("us-west1"), adapter.job_bucket("us-central1")
+    fake.storage.buckets["geo-test-project2-us-west1"] = {"name": "geo-test-project2-us-west1"}
+    assert adapter.job_buckets() == {
+        "us-central1": "gs://geo-test-project-us-central1",
+        "us-west1": "gs://geo-test-project-us-west1",
+    }
+
+
 def test_bucket_names_follow_gcs_rules():
     assert hosting.bucket_name("example.com:My_Proj", "europe-west4") == (
         "geo-example-com-my-proj-europe-west4"
