@@ -412,6 +412,16 @@ class Provisioner(abc.ABC):
         ``expires_s`` from now (what a VM installs our package from before it has any SDK)."""
         raise self._lacking(Feature.CONTROLLER_HOST, "presign", "presigns no URL", HOST_FIX)
 
+    def relabel_labelled(self, vms: Sequence[LabelledVm], labels: Mapping[str, str]) -> None:
+        """Set these labels on VMs ``labelled`` found, whoever launched them (a job's
+        controller renewing its own lease)."""
+        raise self._lacking(
+            Feature.RELABEL,
+            "relabel_labelled",
+            "relabels no VM",
+            "set the labels in the cloud's console",
+        )
+
     def _lacking(self, feature: Feature, call: str, what: str, fix: str) -> Unsupported:
         """What an adapter without an optional method says: the reason it declared in
         ``unsupported``, or that it has none yet (an adapter that forgot to declare it)."""

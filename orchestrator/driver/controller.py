@@ -162,7 +162,7 @@ def _serve(folder: Path, launch: dict, hosted: Hosted | None):
     recipe = _recipe(folder, launch, bucket_url=hosted.bucket_url if _real(hosted) else None)
     own = folder / "controller"
     own.mkdir(mode=0o700, exist_ok=True)
-    service, head = None, None
+    service, head, lease = None, None, None
     # the VM's /run (short: Ray's and the overlay's socket paths live under it), gone with the VM
     run_dir = Path(os.environ.get("GEO_RUN_DIR") or tempfile.mkdtemp(prefix="geo-vm-"))
     ray_temp_root = str(run_dir / "ray")
@@ -184,6 +184,8 @@ def _serve(folder: Path, launch: dict, hosted: Hosted | None):
             public_ip=public_ip,
         )
         _end_earlier_nodes(cloud, folder.name)
+        if hosted is not None:
+            lease = _LeaseKeeper.start(cloud, folder.name)
         spec = DriverSpec(
             recipe=recipe,
             recipe_path=str(folder / launch["recipe_path"]),  # absolute stays absolute
@@ -214,12 +216,51 @@ def _serve(folder: Path, launch: dict, hosted: Hosted | None):
             connected=lambda: signal.signal(signal.SIGTERM, lambda *_: _leave(folder)),
         )
     finally:
+        if lease is not None:
+            lease.stop()
         if head is not None:
             head.shutdown()
         if service is not None:
             service.terminate()
             service.wait(timeout=30)
         shutil.rmtree(run_dir, ignore_errors=True)
+
+
+class _LeaseKeeper:
+    """This controller VM's own expiry label, moved a lease ahead every half lease while the
+    job runs (a VM whose label expired looks leaked in ``status --all``)."""
+
+    def __init__(self, adapter, job: str) -> None:
+        import threading
+
+        self.adapter, self.job = adapter, job
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="own-lease", daemon=True)
+
+    @classmethod
+    def start(cls, cloud, job: str) -> _LeaseKeeper:
+        from orchestrator.driver.cloud import adapter_for
+
+        keeper = cls(adapter_for(cloud), job)
+        keeper._thread.start()
+        return keeper
+
+    def _loop(self) -> None:
+        import time
+
+        from orchestrator.driver.hosts import LEASE_S, renew_controller_lease
+        from provisioners.base import ProvisionerError
+
+        while not self._done.wait(LEASE_S / 2):
+            try:
+                renew_controller_lease(self.adapter, self.job, now_s=time.time())
+            except ProvisionerError as error:  # the next half lease tries again
+                log.warning("own lease: %s", error)
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=10)
+        self.adapter.close()
 
 
 class _NoChaos:

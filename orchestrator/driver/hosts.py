@@ -276,6 +276,23 @@ def host_region(recipe, provider: str) -> str:
     return "us-east-1" if "us-east-1" in regions else regions[0]
 
 
+def renew_controller_lease(adapter, job: str, *, now_s: float) -> int:
+    """Move the expiry label of the job's controller VM a lease ahead: nothing else renews it
+    (``JoinedProvisioner`` renews the nodes it launched). How many VMs it relabelled."""
+    from provisioners.bootstrap.joined import EXPIRES_LABEL, JOB_LABEL, of_job
+
+    ours = [
+        vm
+        for vm in adapter.labelled(JOB_LABEL)
+        if of_job(vm.labels, job)
+        and vm.labels.get(ROLE_LABEL) == "controller"
+        and vm.state.value in ("pending", "running")
+    ]
+    if ours:
+        adapter.relabel_labelled(ours, {EXPIRES_LABEL: f"{now_s + LEASE_S:.0f}"})
+    return len(ours)
+
+
 def bucket_of(folder: Path) -> JobBucket | None:
     """The bucket of a job whose controller runs as a cloud's instance (None: any other job),
     opened with this machine's credentials (an emulated cloud's: keys made for the call)."""

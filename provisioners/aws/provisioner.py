@@ -435,6 +435,14 @@ class AwsProvisioner(Provisioner):
                     )
         return found
 
+    def relabel_labelled(self, vms: Sequence[LabelledVm], labels: Mapping[str, str]) -> None:
+        tags = [{"Key": k, "Value": v} for k, v in labels.items()]
+        by_region: dict[str, list[str]] = {}
+        for vm in vms:
+            by_region.setdefault(vm.infra.split("/")[1], []).append(vm.node_id)
+        for region, ids in by_region.items():
+            call(self._client("ec2", region), "create_tags", Resources=ids, Tags=tags)
+
     def terminate_labelled(self, vms: Sequence[LabelledVm]) -> None:
         by_region: dict[str, list[str]] = {}
         for vm in vms:

@@ -410,6 +410,10 @@ class GcpProvisioner(Provisioner):
             if node is not None and node.state not in (NodeState.TERMINATED, NodeState.LOST):
                 set_labels(self._api, zone=_zone_of(node), name=node_id, labels=labels)
 
+    def relabel_labelled(self, vms: Sequence[LabelledVm], labels: Mapping[str, str]) -> None:
+        for vm in vms:
+            set_labels(self._api, zone=vm.infra.split("/")[2], name=vm.node_id, labels=labels)
+
     def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
         return poll_until_events(
             lambda: self._drain() or self._refresh(),

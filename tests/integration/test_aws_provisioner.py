@@ -544,3 +544,13 @@ def test_a_controller_instance_acts_as_its_profile_and_terminates_on_shutdown(fa
         InstanceId=instance["InstanceId"], Attribute="instanceInitiatedShutdownBehavior"
     )
     assert attribute["InstanceInitiatedShutdownBehavior"]["Value"] == "terminate"
+
+
+def test_a_vm_found_by_label_is_relabelled_by_an_adapter_that_did_not_launch_it(fake: FakeAws):
+    make(fake).launch(request(count=1, labels=(("geo-job", "j"), ("geo-expires", "1"))))
+    other = make(fake)
+    (vm,) = other.labelled("geo-job")
+    other.relabel_labelled([vm], {"geo-expires": "99"})
+    (instance,) = moto_instances(fake)
+    tags = {t["Key"]: t["Value"] for t in instance["Tags"]}
+    assert tags["geo-expires"] == "99" and tags["geo-job"] == "j"

@@ -93,3 +93,24 @@ def test_gce_metadata_hands_its_accounts_token_only_to_a_vm_with_one():
     assert with_account.answer("/computeMetadata/v1/project/project-id") == "test-project"
     without = GceMetadata(instance_id="i", name="i", zone="us-central1-a")
     assert without.answer(base + "service-accounts/default/token") is None
+
+
+def test_a_vm_found_by_label_is_relabelled_keeping_its_other_labels(fake):
+    from provisioners.base import LaunchRequest
+
+    adapter = GcpProvisioner.at_endpoint(
+        fake.url, token="tok", project="test-project", regions=("us-central1",)
+    )
+    fake.stagings_before_running = 0
+    adapter.launch(
+        LaunchRequest(
+            gang="ctl-j", infra="gcp/us-central1", instance_type="e2-standard-2", gpu="",
+            count=1, spot=False, gpus_per_node=0, timeout_s=30,
+            labels=(("geo-job", "j"), ("geo-expires", "1")),
+        )
+    )  # fmt: skip
+    other = GcpProvisioner.at_endpoint(fake.url, token="tok", project="test-project")
+    (vm,) = other.labelled("geo-job")  # an adapter that did not launch it
+    other.relabel_labelled([vm], {"geo-expires": "99"})
+    (_, instance), *_ = fake.snapshot()
+    assert instance["labels"]["geo-expires"] == "99" and instance["labels"]["geo-job"] == "j"
