@@ -49,19 +49,23 @@ def test_bucket_names_follow_gcs_rules():
     assert len(hosting.bucket_name("p" * 30, "northamerica-northeast1")) <= 63
 
 
-def test_a_cpu_controller_launches_with_the_asked_service_account(fake):
+def _launch_controller(fake, **changes) -> None:
+    """One CPU VM (a job's controller) in us-central1, as hosts.py launches it."""
     from provisioners.base import LaunchRequest
 
     adapter = GcpProvisioner.at_endpoint(
         fake.url, token="tok", project="test-project", regions=("us-central1",)
     )
     fake.stagings_before_running = 0
-    adapter.launch(
-        LaunchRequest(
-            gang="ctl-j", infra="gcp/us-central1", instance_type="e2-standard-2", gpu="",
-            count=1, spot=False, gpus_per_node=0, identity="default", timeout_s=30,
-        )
+    fields = dict(
+        gang="ctl-j", infra="gcp/us-central1", instance_type="e2-standard-2", gpu="", count=1,
+        spot=False, gpus_per_node=0, timeout_s=30,
     )  # fmt: skip
+    adapter.launch(LaunchRequest(**(fields | changes)))
+
+
+def test_a_cpu_controller_launches_with_the_asked_service_account(fake):
+    _launch_controller(fake, identity="default")
     (sent,) = fake.inserted
     assert sent["zone"].startswith("us-central1-")
     assert sent["serviceAccounts"][0]["email"] == "default"
@@ -96,19 +100,7 @@ def test_gce_metadata_hands_its_accounts_token_only_to_a_vm_with_one():
 
 
 def test_a_vm_found_by_label_is_relabelled_keeping_its_other_labels(fake):
-    from provisioners.base import LaunchRequest
-
-    adapter = GcpProvisioner.at_endpoint(
-        fake.url, token="tok", project="test-project", regions=("us-central1",)
-    )
-    fake.stagings_before_running = 0
-    adapter.launch(
-        LaunchRequest(
-            gang="ctl-j", infra="gcp/us-central1", instance_type="e2-standard-2", gpu="",
-            count=1, spot=False, gpus_per_node=0, timeout_s=30,
-            labels=(("geo-job", "j"), ("geo-expires", "1")),
-        )
-    )  # fmt: skip
+    _launch_controller(fake, labels=(("geo-job", "j"), ("geo-expires", "1")))
     other = GcpProvisioner.at_endpoint(fake.url, token="tok", project="test-project")
     (vm,) = other.labelled("geo-job")  # an adapter that did not launch it
     other.relabel_labelled([vm], {"geo-expires": "99"})
