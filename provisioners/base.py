@@ -385,6 +385,14 @@ class Provisioner(abc.ABC):
             "launch without LaunchRequest.firewall on this cloud",
         )
 
+    def drop_firewalls(self, job: str) -> tuple[list[str], list[str]]:
+        """Delete the job's firewalls (its nodes' and its controller's, every place the adapter
+        sees); the names deleted, and those the cloud keeps while VMs still use them (their VMs
+        are shutting down: ask again once they are gone)."""
+        raise self._lacking(
+            Feature.FIREWALL, "drop_firewalls", "makes no firewall per job", SWEEP_FIX
+        )
+
     def relabel(self, node_ids: Sequence[str], labels: Mapping[str, str]) -> None:
         """Set these labels (tags) on the running VMs ``node_ids`` (others kept as they are)."""
         raise self._lacking(

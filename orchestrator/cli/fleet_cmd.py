@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.cli.output import format_table, print_json
+from orchestrator.driver.hosts import ask_stop, refresh
 from orchestrator.driver.job import JOBS_DIR, STOP_FILE
 from orchestrator.driver.state import StateStore
 from orchestrator.errors import UserError
@@ -148,8 +149,10 @@ def run_down(args: argparse.Namespace, catalog) -> int:
     if problem is not None:
         raise UserError(problem, field="JOB", fix="name the job as status lists it")
     folder = args.jobs_dir / args.job
+    refresh(folder)  # a job whose controller runs in a cloud: its state from its bucket
     if StateStore(folder).exists() and StateStore(folder).load().state.phase not in FINAL:
         (folder / STOP_FILE).write_text("stop\n")  # its driver frees what it tracks, too
+        ask_stop(folder)
         print(f"asked job {args.job}'s driver to stop", file=sys.stderr)
     answers = ask_clouds()
     ended: list[dict] = []
@@ -158,16 +161,50 @@ def run_down(args: argparse.Namespace, catalog) -> int:
         if mine:
             answer.adapter.terminate_labelled(mine)
             ended += fleet_rows([Asked(answer.cloud, mine)], now_s=time.time())
+    dropped, kept = _drop_firewalls(answers, args.job)
     if args.json:
-        print_json({"terminated": ended, "clouds_not_asked": _not_asked(answers)})
+        print_json(
+            {
+                "terminated": ended,
+                "firewalls_deleted": dropped,
+                "firewalls_in_use": kept,
+                "clouds_not_asked": _not_asked(answers),
+            }
+        )
         return 0
     asked = _say_not_asked(answers)
-    if not ended:
-        print(f"no VM of job {args.job} on {asked}")
-        return 0
     for row in ended:
         print(f"terminated {row['vm']} ({row['type']}) in {row['place']}")
+    for name in dropped:
+        print(f"deleted firewall {name}")
+    if kept:
+        print(
+            f"kept {', '.join(kept)} while the job's VMs shut down: run "
+            f"`python -m orchestrator down {args.job}` again once they are gone"
+        )
+    if not ended and not dropped and not kept:
+        print(f"no VM or firewall of job {args.job} on {asked}")
     return 0
+
+
+def _drop_firewalls(answers: list[Asked], job: str) -> tuple[list[str], list[str]]:
+    """The job's firewalls on every cloud asked: (deleted, kept while VMs still use them)."""
+    from provisioners.base import ProvisionerError, Unsupported
+
+    dropped, kept = [], []
+    for answer in answers:
+        if answer.adapter is None or answer.skipped:
+            continue
+        try:
+            done, in_use = answer.adapter.drop_firewalls(job)
+        except Unsupported:
+            continue  # this cloud makes none
+        except ProvisionerError as error:
+            print(f"{answer.cloud}: firewalls not deleted: {error.call}: {error.message}")
+            continue
+        dropped += [f"{answer.cloud} {name}" for name in done]
+        kept += [f"{answer.cloud} {name}" for name in in_use]
+    return dropped, kept
 
 
 def _not_asked(answers: list[Asked]) -> dict[str, str]:

@@ -6,15 +6,16 @@ job (so ``down`` and a look at the console find it). Its inbound rules are exact
 port from each source address as a /32 (the controller's and every node's public address); AWS
 keeps replies to what an instance opened (security groups are stateful) and all outbound traffic.
 ``sync`` makes the rules what the firewall says: it authorizes what is missing and revokes what
-is no longer there, so that a node that left is not admitted any more.
+is no longer there, so that a node that left is not admitted any more. ``drop`` deletes a job's
+groups once its instances are gone (``down``).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from provisioners.aws.sdk import call
-from provisioners.base import Firewall
+from provisioners.aws.sdk import call, error_code
+from provisioners.base import Firewall, ProvisionerError
 
 JOB_TAG = "geo-job"
 
@@ -67,3 +68,21 @@ def _permissions(rules: set[tuple]) -> list[dict]:
         }
         for protocol, low, high, cidr in sorted(rules, key=str)
     ]
+
+
+def drop(ec2: Any, job: str) -> tuple[list[str], list[str]]:
+    """Delete the job's groups in this client's region (found by their tag); (deleted, still
+    used by instances that are shutting down)."""
+    found = call(
+        ec2, "describe_security_groups", Filters=[{"Name": f"tag:{JOB_TAG}", "Values": [job]}]
+    )["SecurityGroups"]
+    dropped, in_use = [], []
+    for group in found:
+        try:
+            call(ec2, "delete_security_group", GroupId=group["GroupId"])
+            dropped.append(group["GroupName"])
+        except ProvisionerError as error:
+            if error_code(error) != "DependencyViolation":
+                raise
+            in_use.append(group["GroupName"])
+    return dropped, in_use

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from provisioners.aws.sdk import CLOUD, error_for
 from provisioners.base import (
     Event,
     LaunchRequest,
@@ -21,6 +22,7 @@ from provisioners.base import (
     NodeReady,
     NodeState,
     PreemptionNotice,
+    ProvisionerError,
 )
 
 GANG_TAG = "geo-orchestrator:gang"
@@ -145,3 +147,24 @@ def run_params(
     if request.identity is not None:
         params["IamInstanceProfile"] = {"Name": request.identity}
     return params
+
+
+def location_of(request: LaunchRequest) -> tuple[str, str | None]:
+    """(region, zone or None) from ``aws/<region>[/<zone>]``."""
+    parts = request.infra.split("/")
+    if parts[0] != CLOUD or len(parts) > 3:
+        raise ValueError(f"infra {request.infra!r} is not aws/<region>[/<zone>]")
+    return parts[1], (parts[2] if len(parts) == 3 else None)
+
+
+def start_failure(instance: dict[str, Any], request: LaunchRequest) -> ProvisionerError:
+    """The typed error for an instance of the gang that ended before running."""
+    reason = instance.get("StateReason", {})
+    code = str(reason.get("Code", "")).removeprefix("Server.").removeprefix("Client.")
+    message = (
+        f"{instance['InstanceId']} ({request.instance_type} in {request.infra}) ended before "
+        f"running: {reason.get('Message') or instance['State']['Name']}"
+    )
+    if code == "SpotInstanceTermination":  # spot capacity left while we were starting
+        code = "InsufficientInstanceCapacity"
+    return error_for(code or "InstanceEnded", message, call="ec2.describe_instances")

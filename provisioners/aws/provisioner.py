@@ -25,7 +25,9 @@ from provisioners.aws.instances import (
     Tracked,
     infra_of,
     launched_at_s,
+    location_of,
     run_params,
+    start_failure,
     transition,
 )
 from provisioners.aws.sdk import (
@@ -33,7 +35,6 @@ from provisioners.aws.sdk import (
     call,
     credentials_missing,
     error_code,
-    error_for,
     guard_sdk_logs,
     import_boto3,
     pages,
@@ -268,7 +269,7 @@ class AwsProvisioner(Provisioner):
     # ---- launch ---------------------------------------------------------------------------------
 
     def launch(self, request: LaunchRequest) -> list[Node]:
-        region, zone = _location(request)
+        region, zone = location_of(request)
         ec2 = self._client("ec2", region)
         image = self._image(region)
         # one call for the gang (all or none: MinCount == MaxCount), or, where each node has a
@@ -344,7 +345,7 @@ class AwsProvisioner(Provisioner):
             seen = self._describe(ec2, ids)
             for instance in seen.values():
                 if instance["State"]["Name"] in GONE_STATES:
-                    raise _start_failure(instance, request)
+                    raise start_failure(instance, request)
             if len(seen) == len(ids) and all(
                 i["State"]["Name"] == "running" for i in seen.values()
             ):
@@ -434,6 +435,14 @@ class AwsProvisioner(Provisioner):
                         )
                     )
         return found
+
+    def drop_firewalls(self, job: str) -> tuple[list[str], list[str]]:
+        dropped, in_use = [], []
+        for region in self._regions():
+            done, kept = job_firewall.drop(self._client("ec2", region), job)
+            dropped += [f"{region}/{name}" for name in done]
+            in_use += [f"{region}/{name}" for name in kept]
+        return dropped, in_use
 
     def relabel_labelled(self, vms: Sequence[LabelledVm], labels: Mapping[str, str]) -> None:
         tags = [{"Key": k, "Value": v} for k, v in labels.items()]
@@ -577,24 +586,3 @@ class AwsProvisioner(Provisioner):
 
     def close(self) -> None:
         self._closed.set()
-
-
-def _location(request: LaunchRequest) -> tuple[str, str | None]:
-    """(region, zone or None) from ``aws/<region>[/<zone>]``."""
-    parts = request.infra.split("/")
-    if parts[0] != CLOUD or len(parts) > 3:
-        raise ValueError(f"infra {request.infra!r} is not aws/<region>[/<zone>]")
-    return parts[1], (parts[2] if len(parts) == 3 else None)
-
-
-def _start_failure(instance: dict[str, Any], request: LaunchRequest) -> ProvisionerError:
-    """The typed error for an instance of the gang that ended before running."""
-    reason = instance.get("StateReason", {})
-    code = str(reason.get("Code", "")).removeprefix("Server.").removeprefix("Client.")
-    message = (
-        f"{instance['InstanceId']} ({request.instance_type} in {request.infra}) ended before "
-        f"running: {reason.get('Message') or instance['State']['Name']}"
-    )
-    if code == "SpotInstanceTermination":  # spot capacity left while we were starting
-        code = "InsufficientInstanceCapacity"
-    return error_for(code or "InstanceEnded", message, call="ec2.describe_instances")

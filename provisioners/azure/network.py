@@ -124,6 +124,26 @@ class ArmNics:
         self._groups[(firewall.name, location)] = path
         return path
 
+    def drop_security_groups(self, job: str) -> tuple[list[str], list[str]]:
+        """Delete the job's security groups (found by their ``geo-job`` tag); (deleted, still on
+        NICs of VMs that are going)."""
+        from provisioners.base import ProvisionerError
+
+        base = f"{self._group}/providers/Microsoft.Network/networkSecurityGroups"
+        listed = self._arm("GET", base, call="networkSecurityGroups GET") or {}
+        dropped, in_use = [], []
+        for group in listed.get("value", []):
+            if (group.get("tags") or {}).get("geo-job") != job:
+                continue
+            try:
+                self._arm("DELETE", f"{base}/{group['name']}", call="networkSecurityGroups DELETE")
+                dropped.append(group["name"])
+            except ProvisionerError as error:
+                if "inuse" not in error.message.lower().replace(" ", ""):
+                    raise
+                in_use.append(group["name"])
+        return dropped, in_use
+
     def _public_ip(self, name: str, location: str, deadline_s: float) -> str:
         path = f"{self._group}/providers/Microsoft.Network/publicIPAddresses/{name}-ip"
         body = {

@@ -27,7 +27,7 @@ from provisioners.azure.credentials import find_credential, require_credential, 
 from provisioners.azure.errors import CLOUD, from_code, map_error
 from provisioners.azure.network import ArmNics, NicFactory
 from provisioners.azure.prices import PRICES_URL, RetailPrices, SizePrice
-from provisioners.azure.skus import GpuSize, gpu_sizes
+from provisioners.azure.skus import GpuSize, gpu_sizes, offers_of
 from provisioners.azure.vm import (
     GANG_TAG,
     VmSettings,
@@ -209,7 +209,9 @@ class AzureProvisioner(Provisioner):
             prices = self._price_source.prices(region, {s.name for s in found})
             observed_s = time.time()
             for size in found:
-                offers += self._offers_of(size, prices.get(size.name), observed_s)
+                offers += offers_of(
+                    size, prices.get(size.name), observed_s, source=self._price_source.source
+                )
         return offers
 
     def launch(self, request: LaunchRequest) -> list[Node]:
@@ -303,6 +305,9 @@ class AzureProvisioner(Provisioner):
     def open_overlay(self, firewall: Firewall) -> None:
         self._nics().open_overlay(firewall)
 
+    def drop_firewalls(self, job: str) -> tuple[list[str], list[str]]:
+        return self._nics().drop_security_groups(job)
+
     def terminate(self, node_ids: Sequence[str]) -> None:
         with self._lock:
             known = [self._tracked[i] for i in node_ids if i in self._tracked]
@@ -337,28 +342,6 @@ class AzureProvisioner(Provisioner):
         except AzureError as error:
             where = ", ".join(locations) if locations else "all locations"
             raise map_error(error, call="resource_skus.list", where=where) from error
-
-    def _offers_of(self, size: GpuSize, price: SizePrice | None, observed_s: float) -> list[Offer]:
-        if price is None:  # an offer without a price cannot be planned with
-            log.debug("azure: no retail price for %s in %s; skipped", size.name, size.location)
-            return []
-        return [
-            Offer(
-                cloud=CLOUD,
-                region=size.location,
-                zone=zone,
-                instance_type=size.name,
-                gpu=size.gpu,
-                gpus_per_node=size.gpus_per_node,
-                vcpus=size.vcpus,
-                memory_gib=size.memory_gib,
-                on_demand_usd_per_hour=price.on_demand_usd_per_hour,
-                spot_usd_per_hour=price.spot_usd_per_hour,
-                observed_at_s=observed_s,
-                source=f"azure resource_skus.list + {self._price_source.source}",
-            )
-            for zone in (size.zones or (None,))
-        ]
 
     # ---- launch ----------------------------------------------------------------------------------
 

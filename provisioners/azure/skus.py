@@ -12,10 +12,15 @@ Azure numbers zones ``1``..``3``; configs/regions.yaml names them so (``azure/ea
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
+
+from provisioners.base import Offer
+
+log = logging.getLogger(__name__)
 
 # VM size (without "Standard_") -> SkyPilot's accelerator name; first match wins, so the more
 # specific patterns come first. Fractional-GPU sizes (NVads A10 v5 below 36 vCPUs share one GPU)
@@ -118,3 +123,28 @@ def gpu_sizes(skus: Iterable[Any]) -> list[GpuSize]:
                 )
             )
     return found
+
+
+def offers_of(size: GpuSize, price: Any, observed_s: float, *, source: str) -> list[Offer]:
+    """The size's offers, one per zone it may be deployed in (``price``: a ``SizePrice`` from
+    prices.py, None where the Retail Prices API has none: no offer then, it cannot be planned)."""
+    if price is None:
+        log.debug("azure: no retail price for %s in %s; skipped", size.name, size.location)
+        return []
+    return [
+        Offer(
+            cloud="azure",
+            region=size.location,
+            zone=zone,
+            instance_type=size.name,
+            gpu=size.gpu,
+            gpus_per_node=size.gpus_per_node,
+            vcpus=size.vcpus,
+            memory_gib=size.memory_gib,
+            on_demand_usd_per_hour=price.on_demand_usd_per_hour,
+            spot_usd_per_hour=price.spot_usd_per_hour,
+            observed_at_s=observed_s,
+            source=f"azure resource_skus.list + {source}",
+        )
+        for zone in (size.zones or (None,))
+    ]

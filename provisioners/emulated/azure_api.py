@@ -225,6 +225,10 @@ class FakeAzure:
                 self._public_ip,
             ),
             (
+                rf"{sub}/resourceGroups/[^/]+/providers/Microsoft\.Network/networkSecurityGroups",
+                self._list_security_groups,
+            ),
+            (
                 rf"{sub}/resourceGroups/[^/]+/providers/Microsoft\.Network/networkSecurityGroups/([^/]+)",
                 self._security_group,
             ),
@@ -358,7 +362,18 @@ class FakeAzure:
             body["properties"]["provisioningState"] = "Succeeded"
             self.security_groups[name] = {**body, "name": name, "id": _path_of(request)}
             return _response(request, 200, self.security_groups[name])
+        if request.method == "DELETE" and any(
+            (nic["properties"].get("networkSecurityGroup") or {}).get("id", "").endswith(f"/{name}")
+            for nic in self.nics.values()
+        ):
+            return _error(
+                request, 400, "InUseNetworkSecurityGroupCannotBeDeleted",
+                f"Network security group {name} cannot be deleted because it is in use by a NIC",
+            )  # fmt: skip
         return _stored(request, self.security_groups, name, "network security group")
+
+    def _list_security_groups(self, request: HttpRequest):
+        return _response(request, 200, {"value": list(self.security_groups.values())})
 
     def ingress(self, vm_body: dict) -> tuple[tuple[str, int, int, str], ...] | None:
         """What the VM's NICs' security groups admit from the internet ((protocol, first port,

@@ -215,6 +215,7 @@ class FakeGcp:
             (COMPUTE + "/global/firewalls", ("GET", self._list_firewalls)),
             (COMPUTE + "/global/firewalls", ("POST", self._insert_firewall)),
             (COMPUTE + "/global/firewalls/([^/]+)", ("PATCH", self._patch_firewall)),
+            (COMPUTE + "/global/firewalls/([^/]+)", ("DELETE", self._delete_firewall)),
             (zone + "/operations/([^/]+)", ("GET", self._get_operation)),
         ]
 
@@ -371,6 +372,14 @@ class FakeGcp:
             return _error(400, problem, "invalid")
         self.firewalls[name] = merged
         return 200, self._global_operation(name, "patch")
+
+    def _delete_firewall(self, query: dict, body: dict, name: str) -> tuple[int, dict]:
+        if self.firewalls.pop(name, None) is None:
+            return _error(
+                404, f"The resource 'projects/{PROJECT}/global/firewalls/{name}' was not found",
+                "notFound",
+            )  # fmt: skip
+        return 200, self._global_operation(name, "delete")
 
     def _global_operation(self, target: str, kind: str) -> dict:
         return {

@@ -53,3 +53,23 @@ def open_overlay(api: Any, *, network: str, firewall: Firewall) -> None:
             "global",
             lambda: client.insert_unary(project=api.project, firewall_resource=rule),
         )
+
+
+def drop(api: Any, *, job: str) -> list[str]:
+    """Delete the job's rules (its nodes' and its controller's); the names deleted. A GCP rule is
+    not attached to VMs: it goes at once."""
+    compute = sdk.compute_module()
+    client = api.client("FirewallsClient")
+    dropped = []
+    for role in ("nodes", "controller"):
+        name = rule_name(Firewall(job=job, port=0, sources=(), role=role).name)
+        wanted = compute.ListFirewallsRequest(project=api.project, filter=f'name = "{name}"')
+        if not api.call("firewalls.list", "global", lambda w=wanted: list(client.list(request=w))):
+            continue
+        api.call(
+            "firewalls.delete",
+            "global",
+            lambda n=name: client.delete_unary(project=api.project, firewall=n),
+        )
+        dropped.append(name)
+    return dropped

@@ -410,6 +410,9 @@ class GcpProvisioner(Provisioner):
             if node is not None and node.state not in (NodeState.TERMINATED, NodeState.LOST):
                 set_labels(self._api, zone=_zone_of(node), name=node_id, labels=labels)
 
+    def drop_firewalls(self, job: str) -> tuple[list[str], list[str]]:
+        return job_firewall.drop(self._api, job=job), []
+
     def relabel_labelled(self, vms: Sequence[LabelledVm], labels: Mapping[str, str]) -> None:
         for vm in vms:
             set_labels(self._api, zone=vm.infra.split("/")[2], name=vm.node_id, labels=labels)

@@ -588,3 +588,15 @@ def test_the_fake_refuses_a_nic_behind_a_group_that_does_not_exist(cloud: FakeAz
     assert "does not exist" in cloud._invalid_nic(
         {"networkSecurityGroup": {"id": "/x/networkSecurityGroups/none"}}
     )
+
+
+def test_the_jobs_security_group_goes_once_its_nics_are_gone(
+    azure: AzureProvisioner, cloud: FakeAzure
+):
+    from provisioners.base import Firewall
+
+    azure.launch(request(count=1, firewall=Firewall(job="j", port=51820, sources=())))
+    assert azure.drop_firewalls("j") == ([], ["geo-j-eastus"])  # a NIC still uses it
+    azure.terminate([n.node_id for n in azure.nodes()])
+    assert azure.drop_firewalls("j") == (["geo-j-eastus"], [])
+    assert cloud.security_groups == {}

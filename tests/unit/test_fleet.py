@@ -86,9 +86,16 @@ def test_down_terminates_the_jobs_vms_in_every_region_and_nothing_else(ec2, caps
     now = time.time()
     mine = _launch(ec2("us-east-1"), "job-a", now + 3600) + _launch(ec2("eu-west-1"), "job-a", now)
     other = _launch(ec2("us-east-1"), "job-b", now + 3600)
+    tag = [{"ResourceType": "security-group", "Tags": [{"Key": "geo-job", "Value": "job-a"}]}]
+    ec2("us-east-1").create_security_group(
+        GroupName="geo-job-a", Description="the job's", TagSpecifications=tag
+    )
     assert main(["down", "job-a", "--jobs-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert all(f"terminated {i}" in out for i in mine)
+    assert "deleted firewall aws us-east-1/geo-job-a" in out  # the job's group goes too
+    groups = ec2("us-east-1").describe_security_groups()["SecurityGroups"]
+    assert "geo-job-a" not in {g["GroupName"] for g in groups}
 
     def state(region, ids):
         reply = ec2(region).describe_instances(InstanceIds=ids)
@@ -102,7 +109,7 @@ def test_down_terminates_the_jobs_vms_in_every_region_and_nothing_else(ec2, caps
     assert set(state("eu-west-1", mine[1:]).values()) == {"terminated"}
     assert set(state("us-east-1", other).values()) == {"running"}
     assert main(["down", "job-a", "--jobs-dir", str(tmp_path)]) == 0
-    assert "no VM of job job-a" in capsys.readouterr().out
+    assert "no VM or firewall of job job-a" in capsys.readouterr().out
     assert main(["down", "../etc", "--jobs-dir", str(tmp_path)]) == 2
 
 

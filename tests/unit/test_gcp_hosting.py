@@ -106,3 +106,14 @@ def test_a_vm_found_by_label_is_relabelled_keeping_its_other_labels(fake):
     other.relabel_labelled([vm], {"geo-expires": "99"})
     (_, instance), *_ = fake.snapshot()
     assert instance["labels"]["geo-expires"] == "99" and instance["labels"]["geo-job"] == "j"
+
+
+def test_the_jobs_firewall_rules_are_deleted_and_no_others(fake):
+    from provisioners.base import Firewall
+
+    adapter = GcpProvisioner.at_endpoint(fake.url, token="tok", project="test-project")
+    for job, role in (("j", "nodes"), ("j", "controller"), ("k", "nodes")):
+        adapter.open_overlay(Firewall(job=job, port=51820, sources=("1.2.3.4",), role=role))
+    assert adapter.drop_firewalls("j") == (["geo-j", "geo-j-controller"], [])
+    assert set(fake.firewalls) == {"geo-k"}
+    assert adapter.drop_firewalls("j") == ([], [])
