@@ -93,8 +93,13 @@ def package_root() -> Path:
 
 
 def build_wheel(out: Path) -> Path:
-    """The wheel of this checkout (the nodes install it, as a cloud's VMs install a release)."""
+    """The wheel of this checkout (the nodes install it, as a cloud's VMs install a release);
+    the one already in ``out`` when no file of the checkout changed since it was built (a
+    relaunched controller does not wait for a new one)."""
     out.mkdir(parents=True, exist_ok=True)
+    built = list(out.glob("geo_orchestrator-*.whl"))
+    if len(built) == 1 and built[0].stat().st_mtime_ns > _newest_source_ns():
+        return built[0]
     for old in out.glob("*.whl"):
         old.unlink()
     done = subprocess.run(
@@ -109,6 +114,17 @@ def build_wheel(out: Path) -> Path:
     if done.returncode != 0 or len(wheels) != 1:
         raise RuntimeError(f"building the nodes' wheel failed: {done.stderr.strip()[-400:]}")
     return wheels[0]
+
+
+def _newest_source_ns() -> int:
+    """When a file the wheel is made of last changed (the packages' files, pyproject.toml)."""
+    root = package_root()
+    newest = (root / "pyproject.toml").stat().st_mtime_ns
+    for package in ("orchestrator", "runtime", "provisioners", "configs", "recipes"):
+        for path in (root / package).rglob("*"):
+            if path.is_file() and "__pycache__" not in path.parts:
+                newest = max(newest, path.stat().st_mtime_ns)
+    return newest
 
 
 def controller_install(wheel: Path) -> Install:
