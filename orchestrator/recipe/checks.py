@@ -23,6 +23,7 @@ from orchestrator.yamlsrc import Path_, YamlDoc, file_problem, path_text
 from runtime.models.specs import BUILTIN_MODELS, ModelSpec
 
 _S3_URL = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
+_GS_URL = re.compile(r"^gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/.*)?$")
 _DATA_BY_FAMILY = {"gpt": ("builtin-text", "shards"), "cnn": ("synthetic-images", "shards")}
 
 
@@ -504,12 +505,13 @@ def _check_checkpointing(c: Checker) -> None:
             f"must be >= 1, got {k.keep_last}",
             "keep at least the last checkpoint",
         )
-    if k.path.startswith("s3:") and not _S3_URL.match(k.path):
-        c.error(
-            path + ("path",),
-            f"'{k.path}' is not s3://bucket/prefix",
-            "write s3://bucket/prefix or a local folder",
-        )
+    for scheme, url in (("s3", _S3_URL), ("gs", _GS_URL)):
+        if k.path.startswith(f"{scheme}:") and not url.match(k.path):
+            c.error(
+                path + ("path",),
+                f"'{k.path}' is not {scheme}://bucket/prefix",
+                "write s3://bucket/prefix, gs://bucket/prefix or a local folder",
+            )
 
 
 def _check_runtime(c: Checker) -> None:

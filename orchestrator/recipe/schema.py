@@ -158,7 +158,9 @@ class CheckpointConfig:
     every_steps: int = _help(
         "write a checkpoint every this many steps (>= 1)", default=50, most=L.MAX_STEPS
     )
-    path: str = _help("a local folder or s3://bucket/prefix", default="checkpoints")
+    path: str = _help(
+        "a local folder, s3://bucket/prefix or gs://bucket/prefix", default="checkpoints"
+    )
     asynchronous: bool = _help("true to write checkpoints while training goes on", default=True)
     keep_last: int = _help(
         "keep this many checkpoints (>= 1)", default=2, most=L.MAX_KEEP_CHECKPOINTS

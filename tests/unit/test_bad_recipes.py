@@ -395,6 +395,13 @@ CASES = [
         "not s3://bucket/prefix",
     ),
     (
+        "checkpoint-bad-gcs",
+        MODEL + TRAINING + "checkpointing:\n  path: gs://My_Bucket/x\n",
+        "checkpointing.path",
+        7,
+        "not gs://bucket/prefix",
+    ),
+    (
         "streams-zero",
         MODEL + TRAINING + "runtime:\n  streams: 0\n",
         "runtime.streams",
