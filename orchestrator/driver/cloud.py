@@ -209,6 +209,15 @@ def node_boot(cloud: CloudSpec, job: str):
     from provisioners.local.cluster import OBJECT_STORE_BYTES, NodeSpec
 
     def boot_for(name: str, token: str, request) -> NodeBoot:
+        install = cloud.install
+        if install is not None and install.wheel.startswith("s3://"):
+            # presigned now, for this node's boot: a URL signed with the controller's role keys
+            # lives no longer than they do (hours), and a job replaces nodes for days
+            from orchestrator.driver.hosts import wheel_url
+
+            install = dataclasses.replace(
+                install, wheel=wheel_url(adapter_for(cloud), install.wheel)
+            )
         cloud_name, region, zone = (request.infra.split("/") + [""])[:3]
         slots = max(1, request.gpus_per_node)  # a worker slot per GPU of the instance type
         spec = NodeSpec(
@@ -225,7 +234,7 @@ def node_boot(cloud: CloudSpec, job: str):
         return NodeBoot(
             job=job,
             node=name,
-            install=cloud.install,
+            install=install,
             join_token=token,
             ray_address=cloud.ray_address,
             node_dir=folder,

@@ -310,14 +310,8 @@ def _cloud_spec(folder: Path, launch: dict, recipe, *, registration, hosted, **w
     served = registration.regions if registration else tuple(emulator_regions(provider))
     wanted = {loc.split("/")[1] for loc in recipe.constraints.locations if "/" in loc}
     install = vms.controller_install(vms.build_wheel(folder / "controller" / "wheel"))
-    if _real(hosted):
-        from orchestrator.driver.cloud import _adapter_at
-        from orchestrator.driver.hosts import wheel_url
-
-        adapter = _adapter_at(
-            provider, regions=(hosted.region,), endpoint_url=None, api_token=None, account=None
-        )
-        install = node_install(install, wheel_url(adapter, launch["wheel_url"]))
+    if _real(hosted):  # each node's URL for it is made at its boot (node_boot)
+        install = node_install(install, launch["wheel_url"])
     return CloudSpec(
         provider=provider,
         # the recipe's regions: polling every region the provider serves would be slow

@@ -35,8 +35,8 @@ CONTROLLER_GCP_IMAGE = "projects/ubuntu-os-cloud/global/images/family/ubuntu-220
 # what an emulated VM's google-auth asks its metadata server at (no DNS on the simulated internet)
 GCE_METADATA_ENV = {"GCE_METADATA_HOST": "169.254.169.254", "GCE_METADATA_IP": "169.254.169.254"}
 CONTROLLER_BOOT_S = 600.0  # a CPU VM's boot plus the install of torch and Ray from PyPI
+WHEEL_URL_S = 3600.0  # a presigned wheel URL: long enough for one VM's boot
 PROFILE_READY_S = 60.0  # IAM: a new instance profile may be unknown to EC2 for seconds
-WHEEL_URL_S = 7 * 24 * 3600.0  # a presigned URL's longest life (SigV4)
 LEASE_S = 24 * 3600.0  # the controller's expiry label: it lives as long as its job
 
 
