@@ -307,10 +307,20 @@ def refresh(folder: Path) -> None:
     that does not answer leaves the copy as it was, with a note."""
     from runtime.storage import StoreError
 
+    record = BucketRecord.load(folder)
+    if record is None:
+        return
+    if record.api_netns:
+        from orchestrator.driver.standing import find
+
+        if find(record.provider) is None:
+            say(
+                f"note: job {folder.name}: the emulated {record.provider} that holds its bucket "
+                "is down; its last state here"
+            )
+            return
     try:
-        bucket = bucket_of(folder)
-        if bucket is not None:
-            bucket.pull(folder, FOLLOWED)
+        JobBucket.open(record, **bucket_auth(record)).pull(folder, FOLLOWED)
     except (StoreError, OSError) as error:
         say(f"note: job {folder.name}: its bucket did not answer ({error}); its last state here")
 

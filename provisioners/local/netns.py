@@ -224,7 +224,11 @@ def in_namespace(netns: str, make: Callable[[], T]) -> T:
     outcome: list = []
 
     def enter_and_make() -> None:
-        target = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+        try:
+            target = os.open(f"/run/netns/{netns}", os.O_RDONLY)  # gone: the caller hears it
+        except OSError as error:
+            outcome.append(("error", error))
+            return
         try:
             _setns(target)  # this thread only: it ends right after
             outcome.append(("ok", make()))

@@ -49,3 +49,28 @@ def test_the_record_names_no_secret_and_reads_back(tmp_path):
     record.save(tmp_path)
     assert BucketRecord.load(tmp_path) == record
     assert BucketRecord.load(tmp_path / "none") is None
+
+
+def test_a_namespace_that_is_gone_is_an_os_error_not_a_crash():
+    """An emulated cloud taken down leaves records naming its API's namespace: entering it is
+    an OSError the callers turn into a note (status shows the last state it had)."""
+    import pytest
+
+    from provisioners.local import netns
+
+    with pytest.raises(FileNotFoundError):
+        netns.in_namespace("geo+no-such-namespace", lambda: 1)
+
+
+def test_a_hosted_jobs_state_stays_when_its_emulated_cloud_is_down(tmp_path, monkeypatch, capsys):
+    from orchestrator.driver import standing
+    from orchestrator.driver.hosts import refresh
+
+    monkeypatch.setattr(standing, "find", lambda provider: None)
+    (tmp_path / "state.json").write_text("{}")
+    BucketRecord(
+        url="s3://b/jobs/j", provider="aws", region="us-east-1", api_netns="geo+gone"
+    ).save(tmp_path)
+    refresh(tmp_path)
+    assert (tmp_path / "state.json").read_text() == "{}"
+    assert "the emulated aws that holds its bucket is down" in capsys.readouterr().err
