@@ -311,9 +311,9 @@ def refresh(folder: Path) -> None:
     if record is None:
         return
     if record.api_netns:
-        from orchestrator.driver.standing import find
+        from provisioners.local import netns
 
-        if find(record.provider) is None:
+        if record.api_netns not in netns.namespaces():  # its emulated cloud was taken down
             say(
                 f"note: job {folder.name}: the emulated {record.provider} that holds its bucket "
                 "is down; its last state here"

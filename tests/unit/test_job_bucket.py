@@ -62,11 +62,9 @@ def test_a_namespace_that_is_gone_is_an_os_error_not_a_crash():
         netns.in_namespace("geo+no-such-namespace", lambda: 1)
 
 
-def test_a_hosted_jobs_state_stays_when_its_emulated_cloud_is_down(tmp_path, monkeypatch, capsys):
-    from orchestrator.driver import standing
+def test_a_hosted_jobs_state_stays_when_its_emulated_cloud_is_down(tmp_path, capsys):
     from orchestrator.driver.hosts import refresh
 
-    monkeypatch.setattr(standing, "find", lambda provider: None)
     (tmp_path / "state.json").write_text("{}")
     BucketRecord(
         url="s3://b/jobs/j", provider="aws", region="us-east-1", api_netns="geo+gone"
