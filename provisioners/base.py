@@ -22,7 +22,9 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 
 SWEEP_FIX = "look them up in the cloud's console by the label (tag) geo-job"
-HOST_FIX = "run the job on a provider that hosts controllers (aws), or with submit --emulate"
+HOST_FIX = (
+    "run the job on a provider that hosts controllers (aws, gcp, azure), or with submit --emulate"
+)
 
 
 class Feature(enum.Enum):

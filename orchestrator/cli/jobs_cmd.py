@@ -196,7 +196,7 @@ def _folder(args: argparse.Namespace, job: str) -> Path:
     return folder
 
 
-CLOUDS = ("aws", "gcp", "emulated-aws", "emulated-gcp")
+CLOUDS = ("aws", "gcp", "azure", "emulated-aws", "emulated-gcp", "emulated-azure")
 
 
 def _fetch(cloud: str, job: str, folder: Path) -> None:

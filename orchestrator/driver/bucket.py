@@ -73,9 +73,17 @@ class JobBucket:
         self._pushed: dict[str, tuple[int, int]] = {}  # name -> (mtime_ns, size) pushed
 
     @classmethod
-    def open(cls, record: BucketRecord, *, session: Any = None, credentials: Any = None):
+    def open(
+        cls,
+        record: BucketRecord,
+        *,
+        session: Any = None,
+        credentials: Any = None,
+        credential: Any = None,
+    ):
         """``session``: the boto3 session to call S3 with, ``credentials``: google-auth's to
-        call GCS with (None: the SDK's default chain)."""
+        call GCS with, ``credential``: azure-identity's to call Blob Storage with (None: the
+        SDK's default chain)."""
         from runtime.storage import open_store
 
         call_in = None
@@ -86,7 +94,11 @@ class JobBucket:
                 return netns.in_namespace(record.api_netns, make)
 
         store = open_store(
-            record.url, endpoint_url=record.endpoint_url, session=session, credentials=credentials
+            record.url,
+            endpoint_url=record.endpoint_url,
+            session=session,
+            credentials=credentials,
+            credential=credential,
         )
         return cls(store, call_in=call_in)
 

@@ -59,6 +59,8 @@ class CloudSpec:
     account: str | None = None  # GCP's project, Azure's subscription
     public_ip: str | None = None  # the controller's: the job's firewall admits it
     node_identity: str | None = None  # what nodes act as (an instance profile): the bucket
+    # Azure's controller VM: its managed identity (the SDK's chain cannot tell offline it has one)
+    managed_identity: bool = False
 
 
 def cloud_provisioner(cloud: CloudSpec, *, job: str):
@@ -90,6 +92,19 @@ def adapter_for(cloud: CloudSpec):
         endpoint_url=cloud.endpoint_url,
         api_token=cloud.api_token,
         account=cloud.account,
+        managed_identity=cloud.managed_identity,
+    )
+
+
+def azure_on_vm(subscription_id: str | None, resource_group: str | None = None, **options):
+    """The Azure adapter as an Azure VM's managed identity (a job's controller)."""
+    from provisioners.azure import AzureProvisioner
+    from provisioners.azure.credentials import managed_identity_credential
+
+    if resource_group:
+        options["resource_group"] = resource_group
+    return AzureProvisioner(
+        subscription_id=subscription_id, credential=managed_identity_credential(), **options
     )
 
 
@@ -101,6 +116,7 @@ def _adapter_at(
     api_token: str | None,
     account: str | None,
     aws_session=None,
+    managed_identity: bool = False,
 ):
     if provider == "gcp":
         from provisioners.gcp import GcpProvisioner
@@ -115,9 +131,12 @@ def _adapter_at(
         from provisioners.azure import AzureProvisioner
 
         if endpoint_url is None:
+            if managed_identity:
+                return azure_on_vm(account, locations=regions)
             return AzureProvisioner(subscription_id=account, locations=regions)
         from provisioners.emulated.azure import SUBNET
-        from provisioners.emulated.azure_api import FakeCredential, RelayTransport
+        from provisioners.emulated.azure_api import FakeCredential
+        from provisioners.emulated.azure_wire import RelayTransport
 
         return AzureProvisioner(
             subscription_id=account,
@@ -170,7 +189,13 @@ def standing_adapter(registration) -> InNamespace:
 
         return keyed_session(emulated_credentials())
 
-    adapter = _adapter_at(
+    return InNamespace(emulated_adapter(registration, aws_session), registration.api_netns)
+
+
+def emulated_adapter(registration, aws_session=None):
+    """The provider's adapter at a standing emulated cloud's API, from inside its simulated
+    internet (one of its VMs)."""
+    return _adapter_at(
         registration.provider,
         regions=registration.regions,
         endpoint_url=registration.endpoint,
@@ -178,7 +203,6 @@ def standing_adapter(registration) -> InNamespace:
         account=registration.account,
         aws_session=aws_session,
     )
-    return InNamespace(adapter, registration.api_netns)
 
 
 def controller_link(cloud: CloudSpec):

@@ -92,7 +92,39 @@ def run_controller(folder: Path, *, hosted: Hosted | None = None) -> int:
         if mirror is not None:
             mirror.stop()  # its last push: the final state and the plan
     print(f"controller: job {folder.name} ended {final.phase} at step {final.step}", flush=True)
+    if hosted is not None and hosted.provider == "azure":
+        _delete_own_vm(launch)
     return 0
+
+
+def _delete_own_vm(launch: dict) -> None:
+    """An Azure VM that powers itself off is stopped, not deallocated, and still billed (AWS
+    terminates it on shutdown, GCP bills a stopped VM's disk only): this one deletes itself, by
+    its managed identity (Contributor on the group), once its job's state is in the bucket."""
+    from orchestrator.driver.cloud import azure_on_vm, emulated_adapter
+    from orchestrator.driver.standing import Registration
+    from provisioners.base import LabelledVm, NodeState, ProvisionerError
+
+    compute = azure_compute()
+    if launch.get("cloud"):  # an emulated Azure: its API and token
+        cloud = launch["cloud"]
+        registration = Registration(**{**cloud, "regions": tuple(cloud["regions"])})
+        adapter = emulated_adapter(registration)
+    else:
+        adapter = azure_on_vm(compute["subscriptionId"], compute["resourceGroupName"])
+    own = LabelledVm(
+        node_id=compute["name"],
+        infra=f"azure/{compute.get('location', '')}",
+        instance_type="",
+        state=NodeState.RUNNING,
+    )
+    try:
+        print(f"controller: deleting this VM ({own.node_id})", flush=True)
+        adapter.terminate_labelled([own])
+    except ProvisionerError as error:  # its lease label shows it as a leak in status --all
+        print(f"controller: could not delete this VM: {error}", flush=True)
+    finally:
+        adapter.close()
 
 
 class _Mirror:
@@ -115,7 +147,10 @@ class _Mirror:
             region=hosted.region,
             endpoint_url=hosted.endpoint_url,
         )
-        bucket = JobBucket.open(record)  # with this VM's identity (its instance role)
+        from orchestrator.driver.hosts import vm_bucket_auth
+
+        # with this VM's identity (its instance role, service account or managed identity)
+        bucket = JobBucket.open(record, **vm_bucket_auth(hosted.provider))
         bucket.pull(folder)
         mirror = cls(folder, bucket)
         mirror._thread.start()
@@ -290,7 +325,7 @@ def _recipe(folder: Path, launch: dict, *, bucket_url: str | None):
         model = dataclasses.replace(recipe.model, profile=profile)
         recipe = dataclasses.replace(recipe, model=model)
     path = launch.get("checkpoint_path") or recipe.checkpointing.path
-    if bucket_url is not None and not path.startswith("s3://"):
+    if bucket_url is not None and not path.startswith(("s3://", "gs://", "https://")):
         path = f"{bucket_url}/checkpoints"
     checkpointing = dataclasses.replace(recipe.checkpointing, path=path)
     return dataclasses.replace(recipe, checkpointing=checkpointing)
@@ -324,10 +359,17 @@ def _cloud_spec(folder: Path, launch: dict, recipe, *, registration, hosted, **w
         grace_s=recipe.recovery.controller_grace_s,
         node_label=vms.NODE_LABEL,
         api_token=registration.token if registration else None,
-        account=registration.account if registration else None,
+        account=registration.account if registration else _own_account(provider, hosted),
+        managed_identity=_real(hosted) and provider == "azure",
         node_identity=launch.get("node_identity"),
         **where,
     )
+
+
+def _own_account(provider: str, hosted) -> str | None:
+    """A real Azure controller's subscription (its metadata says it); None elsewhere (the SDK
+    finds the account or project itself)."""
+    return azure_compute()["subscriptionId"] if _real(hosted) and provider == "azure" else None
 
 
 def _aws_keys() -> dict[str, str]:
@@ -392,6 +434,15 @@ def _public_ipv4(provider: str) -> str:
     """The VM's public address, from its cloud's metadata server."""
     import urllib.request
 
+    if provider == "azure":  # IMDS has no Standard public IP: ARM does, asked as this VM
+        from orchestrator.driver.cloud import azure_on_vm
+
+        compute = azure_compute()
+        adapter = azure_on_vm(compute["subscriptionId"], compute["resourceGroupName"])
+        try:
+            return adapter.address_of(compute["name"])
+        finally:
+            adapter.close()
     if provider == "gcp":
         ask = urllib.request.Request(
             "http://169.254.169.254/computeMetadata/v1/instance/network-interfaces/0/"
@@ -414,6 +465,18 @@ def _public_ipv4(provider: str) -> str:
     )
     with urllib.request.urlopen(get, timeout=5) as reply:
         return reply.read().decode().strip()
+
+
+def azure_compute() -> dict:
+    """This Azure VM's name, resource group, subscription and location, from its metadata."""
+    import urllib.request
+
+    ask = urllib.request.Request(
+        "http://169.254.169.254/metadata/instance/compute?api-version=2021-02-01",
+        headers={"Metadata": "true"},
+    )
+    with urllib.request.urlopen(ask, timeout=5) as reply:
+        return json.load(reply)
 
 
 def _end_earlier_nodes(cloud, job: str) -> None:
@@ -446,7 +509,7 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--job-folder", type=Path, help="the job's folder, shared with submit")
     where.add_argument("--bucket", help="the job's folder in its bucket (s3://.../jobs/JOB)")
     parser.add_argument("--region", help="with --bucket: the bucket's (and this VM's) region")
-    parser.add_argument("--provider", choices=("aws", "gcp"), default="aws")
+    parser.add_argument("--provider", choices=("aws", "gcp", "azure"), default="aws")
     parser.add_argument("--endpoint-url", help="with --bucket: an emulated cloud's API")
     parser.add_argument("--jobs-dir", type=Path, default=Path("/var/lib/geo-orchestrator/jobs"))
     args = parser.parse_args(argv)

@@ -9,9 +9,8 @@
   the laptop pushes the job there and pulls its state back. The same class drives a real account
   and a standing emulated one (moto's EC2 and S3 on the simulated internet, every instance booted
   as a namespace VM from its user-data), so the emulation tests the real path.
-- ``StandingHost``: the emulated cloud's daemon boots the controller VM itself (its control
-  socket), sharing this machine's jobs folder: the emulations whose API has no bucket yet (GCP,
-  Azure).
+  GCP and Azure the same way: a VM with the project's service account, or with a user-assigned
+  managed identity; the bucket a Cloud Storage bucket, or a storage account's container.
 """
 
 from __future__ import annotations
@@ -26,12 +25,14 @@ from orchestrator.errors import UserError
 
 ROLE_LABEL = "geo-role"  # "controller" on a job's controller VM (a node has none)
 # 2 vCPU, 8 GiB: the Ray head and the driver
-CONTROLLER_TYPES = {"aws": "m6i.large", "gcp": "e2-standard-2"}
+CONTROLLER_TYPES = {"aws": "m6i.large", "gcp": "e2-standard-2", "azure": "Standard_D2s_v5"}
 # Ubuntu 22.04 (apt has WireGuard's tools): the controller needs no GPU driver
 CONTROLLER_AMI_PARAMETER = (
     "/aws/service/canonical/ubuntu/server/22.04/stable/current/amd64/hvm/ebs-gp2/ami-id"
 )
 CONTROLLER_GCP_IMAGE = "projects/ubuntu-os-cloud/global/images/family/ubuntu-2204-lts"
+# (publisher, offer, SKU) of Canonical's Ubuntu 22.04 image on Azure
+CONTROLLER_AZURE_IMAGE = ("Canonical", "0001-com-ubuntu-server-jammy", "22_04-lts-gen2")
 # what an emulated VM's google-auth asks its metadata server at (no DNS on the simulated internet)
 GCE_METADATA_ENV = {"GCE_METADATA_HOST": "169.254.169.254", "GCE_METADATA_IP": "169.254.169.254"}
 CONTROLLER_BOOT_S = 600.0  # a CPU VM's boot plus the install of torch and Ray from PyPI
@@ -198,6 +199,12 @@ def _real_adapter(provider: str, region: str):
         from provisioners.aws import AwsProvisioner
 
         return AwsProvisioner(regions=(region,), ami_ssm_parameter=CONTROLLER_AMI_PARAMETER)
+    if provider == "azure":
+        from provisioners.azure import AzureProvisioner, VmSettings
+
+        publisher, offer, sku = CONTROLLER_AZURE_IMAGE
+        image = VmSettings(image_publisher=publisher, image_offer=offer, image_sku=sku)
+        return AzureProvisioner(locations=(region,) if region else None, vm=image)
     from provisioners.gcp import GcpProvisioner
 
     return GcpProvisioner(regions=(region,) if region else (), image=CONTROLLER_GCP_IMAGE)
@@ -217,9 +224,7 @@ def bucket_auth(record: BucketRecord, registration=None) -> dict:
     made for an emulated cloud (its registration: AWS keys, GCP's bearer token)."""
     if not record.api_netns:
         return {}
-    if record.provider == "gcp":
-        from provisioners.gcp.sdk import token_credentials
-
+    if record.provider in ("gcp", "azure"):
         if registration is None:
             from orchestrator.driver.standing import find
 
@@ -228,11 +233,27 @@ def bucket_auth(record: BucketRecord, registration=None) -> dict:
             from runtime.storage import StoreError
 
             raise StoreError(f"the emulated {record.provider} that holds {record.url} is down")
+        if record.provider == "azure":
+            from provisioners.emulated.azure_api import FakeCredential
+
+            return {"credential": FakeCredential(registration.token)}
+        from provisioners.gcp.sdk import token_credentials
+
         return {"credentials": token_credentials(registration.token)}
     from orchestrator.driver.cloud import emulated_credentials
     from provisioners.aws.sdk import keyed_session
 
     return {"session": keyed_session(emulated_credentials())}
+
+
+def vm_bucket_auth(provider: str) -> dict:
+    """What opens the job's bucket on one of its VMs: the SDK's chain finds the VM's identity,
+    except on Azure, whose chain cannot tell offline that a VM has one: its managed identity."""
+    if provider != "azure":
+        return {}
+    from provisioners.azure.credentials import managed_identity_credential
+
+    return {"credential": managed_identity_credential()}
 
 
 def _pip_install(wheel_url: str):

@@ -46,7 +46,7 @@ def jobs_home() -> Path:
 
 JOBS_DIR = jobs_home()
 STOP_FILE = "stop.request"
-HOSTED = ("aws", "gcp")  # providers whose own VMs host a job's controller (hosts.py)
+HOSTED = ("aws", "gcp", "azure")  # providers whose own VMs host a job's controller (hosts.py)
 KEY_FILE = "checkpoint.key"
 LOG_FILE = "driver.log"
 

@@ -10,13 +10,14 @@ holds a secret's value.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioners.base import CredentialsMissing
+from provisioners.base import CredentialsMissing, SdkMissing
 
 CALL = "check_credentials"
 SECRET_OR_CERT = ("AZURE_CLIENT_SECRET", "AZURE_CLIENT_CERTIFICATE_PATH")
@@ -125,3 +126,30 @@ def require_credential(found: Found) -> None:
         "AZURE_CLIENT_SECRET (or AZURE_CLIENT_CERTIFICATE_PATH) for a service principal, or set "
         "AZURE_FEDERATED_TOKEN_FILE with AZURE_TENANT_ID and AZURE_CLIENT_ID for workload identity",
     )
+
+
+def default_credential():
+    """``DefaultAzureCredential``, quiet: when the chain fails it logs its own multi-line
+    warning, where our ``CredentialsMissing`` says the same once, with a fix."""
+    made = _identity("DefaultAzureCredential")
+    logging.getLogger("azure.identity").setLevel(logging.ERROR)
+    return made
+
+
+def managed_identity_credential():
+    """The VM's managed identity (what a job's controller and nodes act as on Azure), used
+    without the offline check: on a VM only its metadata service knows of it."""
+    return _identity("ManagedIdentityCredential")
+
+
+def _identity(name: str):
+    try:
+        import azure.identity
+    except ImportError as error:
+        raise SdkMissing(
+            "azure-identity is not installed",
+            cloud="azure",
+            call="import",
+            fix="pip install 'geo-orchestrator[azure]'",
+        ) from error
+    return getattr(azure.identity, name)()

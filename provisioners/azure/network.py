@@ -3,7 +3,8 @@
 azure-mgmt-network is not a dependency, so ``ArmNics`` creates NICs with plain ARM REST calls
 (``Microsoft.Network/networkInterfaces``) sent through the compute client's own pipeline
 (``ComputeManagementClient.send_request``): same credential, retries and logging, no extra SDK.
-Each NIC gets one dynamic private IP in an existing subnet (``subnet_id``); it is created with
+Each NIC gets one dynamic private IP in its location's subnet (``subnet_for(location)``: a given
+subnet, or the adapter's own virtual network there, hosting.py); it is created with
 ``deleteOption: Delete`` on the VM so that deleting the VM deletes it. Anything else (accelerated
 networking, your own NIC builder) plugs in through the ``NicFactory`` protocol.
 
@@ -22,9 +23,10 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
-from provisioners.azure.errors import map_error
+from provisioners.azure.arm import arm_call
 from provisioners.base import CloudCallError, Firewall
 
 NETWORK_API_VERSION = "2023-11-01"
@@ -63,11 +65,11 @@ class ArmNics:
         *,
         subscription_id: str,
         resource_group: str,
-        subnet_id: str,
+        subnet_for: Callable[[str], str],
         poll_interval_s: float,
         stop: threading.Event,
     ) -> None:
-        self._client, self._subnet_id = client, subnet_id
+        self._client, self._subnet_for = client, subnet_for
         self._group = f"/subscriptions/{subscription_id}/resourceGroups/{resource_group}"
         self._prefix = f"{self._group}/providers/Microsoft.Network/networkInterfaces/"
         self._poll_interval_s, self._stop = poll_interval_s, stop
@@ -79,7 +81,8 @@ class ArmNics:
     def create(
         self, *, name: str, location: str, deadline_s: float, firewall: Firewall | None = None
     ) -> str:
-        config: dict = {"subnet": {"id": self._subnet_id}, "privateIPAllocationMethod": "Dynamic"}
+        subnet = {"id": self._subnet_for(location)}
+        config: dict = {"subnet": subnet, "privateIPAllocationMethod": "Dynamic"}
         properties: dict = {"ipConfigurations": [{"name": "ipconfig1", "properties": config}]}
         if firewall is not None:
             properties["networkSecurityGroup"] = {"id": self._security_group(firewall, location)}
@@ -199,15 +202,6 @@ class ArmNics:
 
     def _arm(self, method: str, path: str, body: dict | None = None, *, call: str) -> dict | None:
         """One ARM request; None for a missing resource (404), typed errors otherwise."""
-        from azure.core.exceptions import AzureError
-        from azure.core.rest import HttpRequest
-
-        url = f"{path}?api-version={NETWORK_API_VERSION}"
-        try:
-            response = self._client.send_request(HttpRequest(method, url, json=body))
-            if response.status_code == 404:
-                return None
-            response.raise_for_status()
-            return response.json() if response.content else None
-        except AzureError as error:
-            raise map_error(error, call=call, where=path.rsplit("/", 1)[-1]) from error
+        return arm_call(
+            self._client, method, path, body, api_version=NETWORK_API_VERSION, call=call
+        )

@@ -13,9 +13,9 @@ the workers run Linux.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from provisioners.base import CloudCallError, SdkMissing, scrub
 
@@ -128,3 +128,11 @@ class RetailPrices:
                 ) from error
             self._client = PipelineClient(base_url=self.endpoint, **self._client_kwargs)
         return self._client
+
+
+class PriceSource(Protocol):
+    """Where offers' prices come from (the Retail Prices API by default)."""
+
+    source: str
+
+    def prices(self, region: str, sizes: Collection[str]) -> dict[str, SizePrice]: ...

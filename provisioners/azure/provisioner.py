@@ -21,18 +21,27 @@ import time
 from collections import deque
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol
+from typing import Any
 
-from provisioners.azure.credentials import find_credential, require_credential, require_subscription
+from provisioners.azure.credentials import (
+    default_credential,
+    find_credential,
+    require_credential,
+    require_subscription,
+)
 from provisioners.azure.errors import CLOUD, from_code, map_error
+from provisioners.azure.hosting import Hosting
 from provisioners.azure.network import ArmNics, NicFactory
-from provisioners.azure.prices import PRICES_URL, RetailPrices, SizePrice
+from provisioners.azure.prices import PRICES_URL, PriceSource, RetailPrices
 from provisioners.azure.skus import GpuSize, gpu_sizes, offers_of
 from provisioners.azure.vm import (
-    GANG_TAG,
     VmSettings,
     VmStatus,
+    has_tag,
+    labelled_vm,
+    loss_reason,
     read_status,
+    tags_of,
     throwaway_public_key,
     vm_body,
     vm_name,
@@ -45,6 +54,7 @@ from provisioners.base import (
     Event,
     Feature,
     Firewall,
+    Identities,
     LabelledVm,
     LaunchRequest,
     Node,
@@ -64,14 +74,6 @@ log = logging.getLogger(__name__)
 SDK_FIX = "pip install 'geo-orchestrator[azure]'"
 
 
-class PriceSource(Protocol):
-    """Where offers' prices come from (the Retail Prices API by default)."""
-
-    source: str
-
-    def prices(self, region: str, sizes: Collection[str]) -> dict[str, SizePrice]: ...
-
-
 @dataclass
 class _Tracked:
     """A node this provisioner created, with what it needs to watch and delete it."""
@@ -88,7 +90,6 @@ class AzureProvisioner(Provisioner):
     # 90 s: how long SkyPilot waits on Azure for a node to launch before it fails over
     launch_timeout_s = 90.0 + GPU_VM_BOOT_S + BOOTSTRAP_INSTALL_S
     unsupported = {
-        Feature.RELABEL: "not yet: a VM's tags would be PATCHed through the compute API",
         Feature.AVAILABLE_COUNT: "Azure publishes no count of free VMs; resource SKUs say only "
         "whether a size may be deployed in a location or zone",
         Feature.AVAILABILITY_SCORE: "Azure's Spot Placement Score is a preview API outside "
@@ -129,6 +130,7 @@ class AzureProvisioner(Provisioner):
             endpoint=prices_endpoint, client_kwargs=transport
         )
         self._client: Any = None
+        self._host: Hosting | None = None
         self._tracked: dict[str, _Tracked] = {}
         self._gpus_by_size: dict[str, int] = {}
         self._events: deque[Event] = deque()
@@ -154,30 +156,37 @@ class AzureProvisioner(Provisioner):
                 raise SdkMissing(
                     "azure-mgmt-compute is not installed", cloud=CLOUD, call="import", fix=SDK_FIX
                 ) from error
-            credential = self._credential or _default_credential()
+            credential = self._credential or default_credential()
+            self._credential_in_use = credential  # the hosting calls read its principal
             self._client = ComputeManagementClient(credential, subscription, **self._client_kwargs)
         return self._client
 
     def _nics(self) -> NicFactory:
         if self._nic_factory is None:
-            if not self._subnet_id:
-                raise CloudCallError(
-                    "no network for new VMs: neither subnet_id nor nic_factory was given",
-                    cloud=CLOUD,
-                    call="launch",
-                    fix="pass subnet_id='/subscriptions/<id>/resourceGroups/<rg>/providers/"
-                    "Microsoft.Network/virtualNetworks/<vnet>/subnets/<subnet>' (a subnet in the "
-                    "region you launch in) or your own nic_factory",
-                )
+            given = self._subnet_id
             self._nic_factory = ArmNics(
                 self._compute(),
                 subscription_id=require_subscription(self._subscription_id),
                 resource_group=self.resource_group,
-                subnet_id=self._subnet_id,
+                # no subnet given: the adapter's own network in each location (made once)
+                subnet_for=(lambda _: given) if given else self._hosting().ensure_subnet,
                 poll_interval_s=self.poll_interval_s,
                 stop=self._stop,
             )
         return self._nic_factory
+
+    def _hosting(self) -> Hosting:
+        if self._host is None:
+            client = self._compute()
+            self._host = Hosting(
+                client,
+                subscription_id=require_subscription(self._subscription_id),
+                resource_group=self.resource_group,
+                credential=self._credential_in_use,
+                poll_interval_s=self.poll_interval_s,
+                stop=self._stop,
+            )
+        return self._host
 
     # ---- the contract ----------------------------------------------------------------------------
 
@@ -221,7 +230,8 @@ class AzureProvisioner(Provisioner):
         ]
         region, zone = self._where(request)
         self._nics()  # fail before creating anything if there is no network to put VMs in
-        gpus = self._gpus_per_node(request.instance_type, region)
+        # a CPU VM (a job's controller) has no GPU to look up among the GPU sizes
+        gpus = self._gpus_per_node(request.instance_type, region) if request.gpu else 0
         deadline_s = time.monotonic() + request.timeout_s
         gang: list[_Tracked] = []
         try:
@@ -258,29 +268,16 @@ class AzureProvisioner(Provisioner):
         from azure.core.exceptions import AzureError
 
         try:
-            vms = list(self._compute().virtual_machines.list(self.resource_group))
+            # with each VM's power state: one that powered itself off is stopped, still billed
+            listed = self._compute().virtual_machines.list(
+                self.resource_group, expand="instanceView"
+            )
+            vms = list(listed)
         except AzureError as error:
             raise map_error(
                 error, call="virtual_machines.list", where=self.resource_group
             ) from error
-        found = []
-        for vm in vms:
-            tags, location = dict(vm.tags or {}), (vm.location or "").lower()
-            if key not in tags or (self.locations and location not in self.locations):
-                continue
-            zone = (vm.zones or [""])[0]
-            found.append(
-                LabelledVm(
-                    node_id=vm.name,
-                    infra=f"{CLOUD}/{location}/{zone}" if zone else f"{CLOUD}/{location}",
-                    instance_type=vm.hardware_profile.vm_size if vm.hardware_profile else "",
-                    state=NodeState.RUNNING
-                    if vm.provisioning_state == "Succeeded"
-                    else NodeState.PENDING,
-                    labels=tags,
-                )
-            )
-        return found
+        return [labelled_vm(vm) for vm in vms if has_tag(vm, key, self.locations)]
 
     def terminate_labelled(self, vms: Sequence[LabelledVm]) -> None:
         gone = [
@@ -307,6 +304,47 @@ class AzureProvisioner(Provisioner):
 
     def drop_firewalls(self, job: str) -> tuple[list[str], list[str]]:
         return self._nics().drop_security_groups(job)
+
+    def address_of(self, name: str) -> str | None:
+        """The public (else private) address of VM ``name`` of the resource group."""
+        return self._nics().address(name)
+
+    def job_bucket(self, region: str) -> str:
+        return self._hosting().ensure_bucket(region.lower())
+
+    def job_buckets(self) -> dict[str, str]:
+        return self._hosting().job_buckets()
+
+    def identities(self, bucket_url: str) -> Identities:
+        return self._hosting().ensure_identities(bucket_url)
+
+    def relabel(self, node_ids: Sequence[str], labels: Mapping[str, str]) -> None:
+        with self._lock:
+            known = [self._tracked[i].node for i in node_ids if i in self._tracked]
+        self.relabel_labelled(
+            [
+                LabelledVm(n.node_id, n.infra, n.instance_type, n.state, tags_of(n.gang, n.labels))
+                for n in known
+            ],
+            labels,
+        )
+
+    def relabel_labelled(self, vms: Sequence[LabelledVm], labels: Mapping[str, str]) -> None:
+        """Merge ``labels`` into each VM's tags (a PATCH of the VM: its other tags stay)."""
+        from azure.core.exceptions import AzureError
+
+        for vm in vms:
+            try:
+                self._compute().virtual_machines.begin_update(
+                    self.resource_group,
+                    vm.node_id,
+                    {"tags": {**vm.labels, **labels}},
+                    polling_interval=self.poll_interval_s,
+                ).result()
+            except AzureError as error:
+                raise map_error(
+                    error, call="virtual_machines.begin_update", where=vm.node_id
+                ) from error
 
     def terminate(self, node_ids: Sequence[str]) -> None:
         with self._lock:
@@ -415,7 +453,7 @@ class AzureProvisioner(Provisioner):
         nic_id = self._nics().create(
             name=name, location=region, deadline_s=deadline_s, firewall=request.firewall
         )
-        tags = {GANG_TAG: request.gang, **dict(request.labels)}
+        tags = tags_of(request.gang, request.labels)
         body = vm_body(
             self._vm_settings(),
             name=name,
@@ -426,6 +464,7 @@ class AzureProvisioner(Provisioner):
             nic_id=nic_id,
             tags=tags,
             custom_data=custom_data,
+            identity=request.identity,
         )
         try:
             poller = self._compute().virtual_machines.begin_create_or_update(
@@ -548,7 +587,7 @@ class AzureProvisioner(Provisioner):
             except CloudCallError as error:  # a passing ARM hiccup: look again next round
                 log.warning("azure: could not read %s: %s", tracked.node.node_id, scrub(str(error)))
                 continue
-            reason = _loss_reason(tracked, status)
+            reason = loss_reason(tracked.node.spot, tracked.eviction_policy, status)
             if reason is None:
                 continue
             with self._lock:
@@ -558,28 +597,3 @@ class AzureProvisioner(Provisioner):
                 NodeLost(node_id=tracked.node.node_id, infra=tracked.node.infra, reason=reason)
             )
         return events
-
-
-def _loss_reason(tracked: _Tracked, status: VmStatus | None) -> str | None:
-    """Why a running node is gone (``preempted`` or ``failed``), or None if it still runs."""
-    spot = tracked.node.spot
-    if status is None:  # vanished: eviction policy Delete removes an evicted Spot VM
-        return "preempted" if spot and tracked.eviction_policy == "Delete" else "failed"
-    if status.evicted:
-        return "preempted" if spot else "failed"
-    if status.failed:
-        return "failed"
-    return None
-
-
-def _default_credential() -> Any:
-    try:
-        from azure.identity import DefaultAzureCredential
-    except ImportError as error:
-        raise SdkMissing(
-            "azure-identity is not installed", cloud=CLOUD, call="import", fix=SDK_FIX
-        ) from error
-    # why: the chain logs its own multi-line warning when it fails; our CredentialsMissing says the
-    # same in one place, with a fix
-    logging.getLogger("azure.identity").setLevel(logging.ERROR)
-    return DefaultAzureCredential()

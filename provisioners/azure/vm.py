@@ -14,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from provisioners.base import LabelledVm, NodeState
+
 GANG_TAG = "geo-orchestrator-gang"
 EVICTION_POLICIES = ("Delete", "Deallocate")
 # instance-view power states that, on a Spot VM we did not stop, mean Azure evicted it
@@ -57,9 +59,11 @@ def vm_body(
     nic_id: str,
     tags: Mapping[str, str],
     custom_data: str | None = None,
+    identity: str | None = None,
 ) -> dict[str, Any]:
     """The ``virtualMachines`` PUT body (REST shape) for one node; ``custom_data`` (base64) is
-    its boot script, which cloud-init runs at first boot."""
+    its boot script, which cloud-init runs at first boot; ``identity``: the resource id of the
+    user-assigned managed identity it acts as."""
     properties: dict[str, Any] = {
         "hardwareProfile": {"vmSize": size},
         "storageProfile": {
@@ -90,6 +94,8 @@ def vm_body(
     body: dict[str, Any] = {"location": location, "tags": dict(tags), "properties": properties}
     if zone:
         body["zones"] = [zone]
+    if identity:
+        body["identity"] = {"type": "UserAssigned", "userAssignedIdentities": {identity: {}}}
     return body
 
 
@@ -165,3 +171,47 @@ def vm_name(gang: str, index: int) -> str:
     """A VM name Azure accepts (letters, digits, hyphens; <= 64), unique across relaunches."""
     base = re.sub(r"[^a-z0-9-]+", "-", gang.lower()).strip("-")[:40] or "gang"
     return f"{base}-{uuid.uuid4().hex[:6]}-{index}"
+
+
+def loss_reason(spot: bool, eviction_policy: str, status: VmStatus | None) -> str | None:
+    """Why a running node is gone (``preempted`` or ``failed``), or None if it still runs."""
+    if status is None:  # vanished: eviction policy Delete removes an evicted Spot VM
+        return "preempted" if spot and eviction_policy == "Delete" else "failed"
+    if status.evicted:
+        return "preempted" if spot else "failed"
+    if status.failed:
+        return "failed"
+    return None
+
+
+def tags_of(gang: str, labels: Mapping[str, str] | Sequence[tuple[str, str]]) -> dict[str, str]:
+    """A node's tags: its gang's, then its labels."""
+    return {GANG_TAG: gang, **dict(labels)}
+
+
+def has_tag(vm: Any, key: str, locations: Sequence[str] | None) -> bool:
+    """Whether a listed VM (an SDK model) carries tag ``key`` in one of ``locations`` (None:
+    anywhere)."""
+    location = (vm.location or "").lower()
+    return key in (vm.tags or {}) and not (locations and location not in locations)
+
+
+def labelled_vm(vm: Any) -> LabelledVm:
+    """A listed VM (an SDK model) as the contract's ``LabelledVm``."""
+    location, zone = (vm.location or "").lower(), (vm.zones or [""])[0]
+    return LabelledVm(
+        node_id=vm.name,
+        infra="/".join(p for p in ("azure", location, zone) if p),
+        instance_type=vm.hardware_profile.vm_size if vm.hardware_profile else "",
+        state=_listed_state(vm),
+        labels=dict(vm.tags or {}),
+    )
+
+
+def _listed_state(vm: Any) -> NodeState:
+    """A listed VM's state: a stopped or deallocated one (its power state, when the list has
+    instance views) is not running, whoever stopped it."""
+    view = getattr(vm, "instance_view", None)
+    if view is not None and read_status(view.statuses).power in EVICTED_POWER_STATES:
+        return NodeState.TERMINATED
+    return NodeState.RUNNING if vm.provisioning_state == "Succeeded" else NodeState.PENDING

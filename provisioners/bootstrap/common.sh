@@ -60,6 +60,23 @@ fetch = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"}
 with urllib.request.urlopen(fetch, timeout=300) as reply, open(target, "wb") as out:
     out.write(reply.read())
 PY
+elif [[ "$wheel" == https://*.blob.core.windows.net/* ]]; then  # read with this VM's identity
+  wheel="$NODE_DIR/${PACKAGE_WHEEL##*/}"
+  "$PYTHON" - "$PACKAGE_WHEEL" "$wheel" <<'PY'
+import json, sys, urllib.request
+source, target = sys.argv[1:]
+ask = urllib.request.Request(
+    "http://169.254.169.254/metadata/identity/oauth2/token?api-version=2018-02-01"
+    "&resource=https%3A%2F%2Fstorage.azure.com%2F",
+    headers={"Metadata": "true"},
+)
+token = json.load(urllib.request.urlopen(ask, timeout=10))["access_token"]
+fetch = urllib.request.Request(
+    source, headers={"Authorization": f"Bearer {token}", "x-ms-version": "2021-12-02"}
+)
+with urllib.request.urlopen(fetch, timeout=300) as reply, open(target, "wb") as out:
+    out.write(reply.read())
+PY
 fi
 case "$INSTALL_MODE" in
   local)

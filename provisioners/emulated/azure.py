@@ -19,15 +19,17 @@ Needs root (namespaces).
 from __future__ import annotations
 
 import base64
-import secrets
+import uuid
 from pathlib import Path
 
-from provisioners.emulated.azure_api import FakeAzure, price, serve, sku
+from provisioners.emulated.azure_api import FakeAzure, price, sku
+from provisioners.emulated.azure_wire import serve
 from provisioners.emulated.booter import EmulatedCloud, Seen
 from provisioners.emulated.imds import AzureMetadata, MetadataService
 from provisioners.local import netns
 
 API_VM = "azure-api"
+RESOURCE_GROUP = "geo-orchestrator"  # the adapter's default group
 API_PORT = 80
 # the adapter's NICs go in this subnet (the emulated network has no other)
 SUBNET = "/subscriptions/emulated/resourceGroups/net/providers/Microsoft.Network/virtualNetworks/geo/subnets/default"
@@ -50,9 +52,12 @@ class EmulatedAzure(EmulatedCloud):
         what the API lists and prices; ``refusals``: region -> ``capacity`` (creates there fail
         ZonalAllocationFailed) or ``quota`` (a 409 OperationNotAllowed quota error)."""
         super().__init__(internet=internet, folder=folder, vm_env=vm_env)
-        self.token = "emulated-azure-" + secrets.token_urlsafe(24)
         self.api = FakeAzure(prices_page_size=100)
         self.subscription_id = self.api.subscription_id
+        self.resource_group = RESOURCE_GROUP
+        # the user's token, shaped as Entra ID's (the adapter reads whom to grant roles to); the
+        # API answers only known tokens
+        self.token = self.api.hosting.mint(str(uuid.uuid4()))
         self.subnet_id = SUBNET
         for (region, size), (gpus, vcpus, memory_gb, on_demand, spot) in sorted(sizes.items()):
             self.api.skus.append(sku(size, region, gpus=gpus, vcpus=vcpus, memory_gb=memory_gb))
@@ -110,9 +115,26 @@ class EmulatedAzure(EmulatedCloud):
             )
         return seen
 
-    @staticmethod
-    def _metadata(vm: netns.Vm, seen: Seen) -> MetadataService:
-        return MetadataService(vm, AzureMetadata(name=seen.instance_id))
+    def _metadata(self, vm: netns.Vm, seen: Seen) -> MetadataService:
+        with self.api.lock:
+            found = self.api.vms.get(seen.instance_id)
+            body = found.body if found else {}
+        named = (body.get("identity") or {}).get("userAssignedIdentities") or {}
+        compute = {
+            "name": seen.instance_id,
+            "location": body.get("location", ""),
+            "resourceGroupName": self.resource_group,
+            "subscriptionId": self.subscription_id,
+        }
+
+        def mint() -> str | None:  # the VM's one user-assigned identity, as IMDS picks it
+            with self.api.lock:
+                held = [self.api.hosting.identity_of(i) for i in named]
+                if len(held) != 1 or held[0] is None:
+                    return None
+                return self.api.hosting.mint(held[0]["properties"]["principalId"])
+
+        return MetadataService(vm, AzureMetadata(name=seen.instance_id, compute=compute, mint=mint))
 
     def _ended(self, name: str, why: str) -> None:
         with self.api.lock:

@@ -1,7 +1,7 @@
 """An in-memory Azure (Resource Manager, compute and network, plus the Retail Prices API) behind an
 azure-core HTTP transport, so that tests drive the REAL ``ComputeManagementClient`` offline; and
 over the wire for the emulated Azure (azure.py): ``serve`` answers relayed requests on a VM of the
-job's simulated internet, and ``RelayTransport`` is the client's side in another process.
+job's simulated internet (azure_wire.py).
 
 ``FakeAzureTransport`` is an ``HttpTransport``: the SDK builds real requests (URLs, api-versions,
 JSON bodies, bearer tokens) and this class answers them from ``FakeAzure``'s state instead of the
@@ -24,7 +24,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit
 
 from azure.core.credentials import AccessToken
 from azure.core.pipeline.transport import HttpTransport
@@ -34,10 +34,13 @@ from azure.core.rest import HttpRequest
 from azure.core.rest._http_response_impl import HttpResponseImpl
 from azure.core.utils import case_insensitive_dict
 
+from provisioners.emulated.azure_blob import FakeBlobs
 from provisioners.emulated.azure_checks import invalid_custom_data, invalid_login, invalid_rules
+from provisioners.emulated.azure_hosting import FakeHosting
 
 ARM = "management.azure.com"
 PRICES = "prices.azure.com"
+BLOBS = ".blob.core.windows.net"
 FAKE_TOKEN = "fake-azure-token-PLANTED-7f3a9c1e"  # noqa: S105 - a planted secret, not a real one
 
 
@@ -71,6 +74,20 @@ def _response(request: HttpRequest, status: int, body: Any = None, headers: dict
         stream_download_generator=lambda **_: iter([content]),
     )
     response.read()  # like the real transports do when the caller does not stream
+    return response
+
+
+def raw_response(request: HttpRequest, status: int, content: bytes, headers: dict):
+    response = HttpResponseImpl(
+        request=request,
+        internal_response=_Closer(),
+        status_code=status,
+        reason="OK" if status < 400 else "Error",
+        content_type=headers.get("Content-Type", "application/json"),
+        headers=case_insensitive_dict(headers),
+        stream_download_generator=lambda **_: iter([content]),
+    )
+    response.read()
     return response
 
 
@@ -171,6 +188,15 @@ class FakeAzure:
     auth_headers: list[str] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     _ids: itertools.count = field(default_factory=itertools.count)
+    hosting: FakeHosting = field(init=False)  # storage, identities, roles, networks, tokens
+
+    blobs: FakeBlobs = field(init=False)  # the storage accounts' blobs
+
+    def __post_init__(self) -> None:
+        self.hosting = FakeHosting(subscription_id=self.subscription_id)
+        self.blobs = FakeBlobs(
+            containers=self.hosting.containers, authorize=self.hosting.may_use_blobs
+        )
 
     # ---- what tests do to the cloud --------------------------------------------------------------
 
@@ -195,11 +221,20 @@ class FakeAzure:
             self.requests.append((request.method, request.url))
             if url.hostname == PRICES:
                 return self._prices(request, url)
+            if (url.hostname or "").endswith(BLOBS):
+                return self._blobs(request, url)
             assert url.hostname == ARM, f"the fake answers only ARM and prices, not {url.hostname}"
             self.auth_headers.append(request.headers.get("Authorization", ""))
+            token = request.headers.get("Authorization", "").removeprefix("Bearer ")
+            if self.hosting.tokens and token not in self.hosting.tokens:  # tokens are checked
+                return _error(request, 401, "InvalidAuthenticationToken", "The token is invalid.")
             return self._arm(request, url.path)
 
     def _arm(self, request: HttpRequest, path: str):
+        body = json.loads(request.content) if request.content else None
+        hosted = self.hosting.arm(request.method, path, body)
+        if hosted is not None:
+            return _response(request, *hosted)
         sub = f"/subscriptions/{self.subscription_id}"
         routes = (
             (rf"{sub}/providers/Microsoft\.Compute/skus", self._skus),
@@ -239,6 +274,17 @@ class FakeAzure:
                 return handler(request, *match.groups())
         return _error(request, 404, "InvalidResourceType", f"no route for {path}")
 
+    def _blobs(self, request: HttpRequest, url):
+        status, headers, data = self.blobs.handle(
+            request.method,
+            url.hostname.split(".", 1)[0],
+            unquote(url.path),
+            parse_qs(url.query, keep_blank_values=True),
+            dict(request.headers),
+            request.content or b"",
+        )
+        return raw_response(request, status, data, headers)
+
     def _skus(self, request: HttpRequest):
         query = parse_qs(urlsplit(request.url).query)
         wanted = re.findall(r"location eq '([^']+)'", query.get("$filter", [""])[0])
@@ -258,12 +304,22 @@ class FakeAzure:
     def _list_vms(self, request: HttpRequest):
         if request.method != "GET":
             return _error(request, 405, "MethodNotAllowed", f"{request.method} on a VM list")
-        return _response(request, 200, {"value": [self._vm_json(vm) for vm in self.vms.values()]})
+        expand = parse_qs(urlsplit(request.url).query).get("$expand") == ["instanceView"]
+        listed = []
+        for vm in self.vms.values():
+            body = self._vm_json(vm)
+            if expand:  # each VM's instance view inside it, as ARM lists them
+                body["properties"]["instanceView"] = {"statuses": _statuses(vm)}
+            listed.append(body)
+        return _response(request, 200, {"value": listed})
 
     def _vm(self, request: HttpRequest, name: str):
         if request.method == "PUT":
             return self._create_vm(request, name)
         vm = self.vms.get(name)
+        if request.method == "PATCH" and vm is not None:  # an update: its tags, here
+            vm.body["tags"] = json.loads(request.content).get("tags", vm.body.get("tags"))
+            return self._async(request, 200, self._vm_json(vm), status="Succeeded")
         if request.method == "DELETE":
             self.deleted.append(name)
             if vm is None:
@@ -280,7 +336,7 @@ class FakeAzure:
         self.create_bodies.append(body)
         props = body["properties"]
         size = props["hardwareProfile"]["vmSize"]
-        problem = self._invalid_create(props)
+        problem = self._invalid_create(props) or self._invalid_identity(body.get("identity"))
         if problem:
             return _error(request, 400, "InvalidParameter", problem)
         if size in self.create_errors:
@@ -316,6 +372,15 @@ class FakeAzure:
         profile = props.get("osProfile", {})
         return invalid_login(profile) or invalid_custom_data(profile.get("customData"))
 
+    def _invalid_identity(self, identity: dict | None) -> str | None:
+        if identity is None:
+            return None
+        named = identity.get("userAssignedIdentities") or {}
+        if identity.get("type") != "UserAssigned" or not named:
+            return "identity: type UserAssigned with userAssignedIdentities, for what we send"
+        missing = [i for i in named if self.hosting.identity_of(i) is None]
+        return f"identity {missing[0]} does not exist" if missing else None
+
     def _async(self, request: HttpRequest, http_status: int, body: dict, **op: Any):
         op_id = f"op-{next(self._ids)}"
         self.operations[op_id] = {"status": "InProgress", "then": op.pop("status"), **op}
@@ -334,11 +399,7 @@ class FakeAzure:
         vm = self.vms.get(name)
         if vm is None:
             return _error(request, 404, "ResourceNotFound", f"The Resource '{name}' was not found.")
-        statuses = [
-            {"code": f"ProvisioningState/{vm.provisioning.lower()}", "level": "Info"},
-            {"code": f"PowerState/{vm.power}", "level": "Info"},
-        ]
-        return _response(request, 200, {"statuses": statuses})
+        return _response(request, 200, {"statuses": _statuses(vm)})
 
     def _public_ip(self, request: HttpRequest, name: str):
         if request.method == "PUT":
@@ -478,6 +539,13 @@ class FakeAzureTransport(HttpTransport):
         return None
 
 
+def _statuses(vm: FakeVm) -> list[dict]:
+    return [
+        {"code": f"ProvisioningState/{vm.provisioning.lower()}", "level": "Info"},
+        {"code": f"PowerState/{vm.power}", "level": "Info"},
+    ]
+
+
 def _stored(request: HttpRequest, store: dict, name: str, what: str):
     """GET or DELETE of a stored network resource (a missing one: 404; deleting it: fine)."""
     if request.method == "DELETE":
@@ -490,97 +558,3 @@ def _stored(request: HttpRequest, store: dict, name: str, what: str):
 
 def _path_of(request: HttpRequest) -> str:
     return request.url.split("?")[0].split(ARM)[1]
-
-
-# ---- over the wire (the emulated Azure) -----------------------------------------------------------
-
-RELAY_URL_HEADER = "X-Relay-Url"  # the request's real URL (ARM, Retail Prices), relayed as a header
-
-
-def serve(cloud: FakeAzure, *, host: str, port: int, listen=None):
-    """An HTTP server that answers relayed requests from ``cloud``; ``listen(make)``: where its
-    socket is made (a VM's network). Returns the server (its ``shutdown`` stops it)."""
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    class Handler(BaseHTTPRequestHandler):
-        def _relay(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else None
-            headers = {k: v for k, v in self.headers.items() if k != RELAY_URL_HEADER}
-            request = HttpRequest(
-                self.command, self.headers[RELAY_URL_HEADER], headers=headers, content=body
-            )
-            response = cloud.handle(request)
-            data = response.content or b""
-            self.send_response(response.status_code)
-            for name, value in response.headers.items():
-                if name.lower() != "content-length":
-                    self.send_header(name, value)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-        do_GET = do_PUT = do_POST = do_DELETE = do_PATCH = _relay  # noqa: N815 (http.server's naming)
-
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
-            return None
-
-    make = lambda: ThreadingHTTPServer((host, port), Handler)  # noqa: E731
-    server = make() if listen is None else listen(make)
-    threading.Thread(
-        target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-    ).start()
-    return server
-
-
-class RelayTransport(HttpTransport):
-    """An azure-core transport that sends every request to ``endpoint`` (``serve``), its real URL in
-    a header: the real SDK builds the requests, the emulated cloud answers them."""
-
-    def __init__(self, endpoint: str, *, timeout_s: float = 30.0) -> None:
-        self.endpoint, self.timeout_s = endpoint, timeout_s
-
-    def send(self, request: HttpRequest, **kwargs: Any):
-        import urllib.error
-        import urllib.request
-
-        headers = {k: v for k, v in request.headers.items() if k.lower() != "host"}
-        data = request.content
-        relayed = urllib.request.Request(
-            self.endpoint,
-            data=(data.encode() if isinstance(data, str) else data) or None,
-            headers={**headers, RELAY_URL_HEADER: request.url},
-            method=request.method,
-        )
-        try:
-            with urllib.request.urlopen(relayed, timeout=self.timeout_s) as answer:
-                status, body, reply_headers = answer.status, answer.read(), dict(answer.headers)
-        except urllib.error.HTTPError as error:
-            status, body, reply_headers = error.code, error.read(), dict(error.headers)
-        return _raw_response(request, status, body, reply_headers)
-
-    def open(self) -> None:
-        return None
-
-    def close(self) -> None:
-        return None
-
-    def __enter__(self) -> RelayTransport:
-        return self
-
-    def __exit__(self, *args: Any) -> None:
-        return None
-
-
-def _raw_response(request: HttpRequest, status: int, content: bytes, headers: dict):
-    response = HttpResponseImpl(
-        request=request,
-        internal_response=_Closer(),
-        status_code=status,
-        reason="OK" if status < 400 else "Error",
-        content_type=headers.get("Content-Type", "application/json"),
-        headers=case_insensitive_dict(headers),
-        stream_download_generator=lambda **_: iter([content]),
-    )
-    response.read()
-    return response

@@ -15,7 +15,10 @@ server bound there in the VM's namespace answers what a node asks of it.
   ``TRUE`` from the preemption notice on, about 30 s before the VM stops).
 - Azure (``AzureMetadata``): only with ``Metadata: true``, Scheduled Events
   (``/metadata/scheduledevents``): none, then a ``Preempt`` event for this VM with its
-  ``NotBefore`` (about 30 s before a Spot eviction).
+  ``NotBefore`` (about 30 s before a Spot eviction); ``/metadata/instance/compute`` (its name,
+  resource group, subscription, location); and for a VM with a managed identity
+  ``/metadata/identity/oauth2/token?resource=...``: a token for it, as azure-identity's
+  ``ManagedIdentityCredential`` asks (400 ``identity not found`` on a VM without one).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ import json
 import secrets
 import threading
 import time
+import urllib.parse
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from provisioners.local import netns
@@ -186,12 +191,35 @@ class GceMetadata:
 class AzureMetadata:
     name: str
     evict_at_s: float | None = None
+    compute: dict = field(default_factory=dict)  # /metadata/instance/compute
+    mint: Callable[[], str | None] | None = None  # a token for the VM's identity, None: none
+
+    def token(self, query: dict[str, list[str]]) -> tuple[int, str]:
+        resource = (query.get("resource") or [""])[0]
+        token = self.mint() if self.mint is not None and resource else None
+        if token is None:
+            why = "resource is required" if not resource else "Identity not found"
+            return 400, json.dumps({"error": "invalid_request", "error_description": why})
+        now = int(time.time())
+        return 200, json.dumps(
+            {
+                "access_token": token,
+                "expires_in": "3599",
+                "expires_on": str(now + 3599),
+                "ext_expires_in": "3599",
+                "not_before": str(now),
+                "resource": resource,
+                "token_type": "Bearer",
+            }
+        )
 
     def notice(self, at_s: float) -> None:
         """A Spot eviction at ``at_s``: a ``Preempt`` scheduled event from now on."""
         self.evict_at_s = at_s
 
     def answer(self, path: str) -> str | None:
+        if path.startswith("/metadata/instance/compute"):
+            return json.dumps(self.compute)
         if not path.startswith("/metadata/scheduledevents"):
             return None
         events = []
@@ -217,6 +245,10 @@ def _azure_handler(metadata: AzureMetadata) -> type[http.server.BaseHTTPRequestH
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             if self.headers.get("Metadata") != "true":
                 self._reply(400, '{"error": "Bad request. Required metadata header not specified"}')
+                return
+            url = urllib.parse.urlsplit(self.path)
+            if url.path == "/metadata/identity/oauth2/token":
+                self._reply(*metadata.token(urllib.parse.parse_qs(url.query)))
                 return
             text = metadata.answer(self.path)
             self._reply(404 if text is None else 200, text or "")

@@ -313,11 +313,15 @@ def test_create_errors_are_typed(azure, cloud, status, code, message, error, fix
     assert cloud.vms == {} and cloud.nics == {}
 
 
-def test_launch_without_network_says_what_to_pass(cloud: FakeAzure, planted):
+def test_launch_without_subnet_makes_the_locations_network(cloud: FakeAzure, planted):
     azure = make(cloud, subnet_id=None)
-    with pytest.raises(CloudCallError, match="subnet_id"):
-        azure.launch(request())
-    assert cloud.create_bodies == [] and cloud.nics == {}
+    azure.launch(request(count=1))
+    (network,) = cloud.hosting.networks.values()
+    assert network["name"] == "geo-orchestrator-eastus" and network["location"] == "eastus"
+    (nic,) = cloud.nics.values()
+    subnet = nic["properties"]["ipConfigurations"][0]["properties"]["subnet"]["id"]
+    assert subnet == f"{network['id']}/subnets/default"
+    assert "rg" in cloud.hosting.groups  # the group is made with it
 
 
 def test_missing_sdk_is_reported_with_the_extra(cloud: FakeAzure, monkeypatch, planted):

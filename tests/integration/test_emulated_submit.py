@@ -10,6 +10,7 @@ Needs root, iproute2, nftables, wireguard-go and moto's server; skipped elsewher
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -48,10 +49,17 @@ def _recipe(tmp_path, provider: str):
     return recipe
 
 
+BUCKETS = {  # the job's folder in its bucket (a storage account's names are hashed)
+    "gcp": r"gs://geo-test-project-us-central1/jobs/emu-gcp-job",
+    "azure": r"https://geo[0-9a-f]{21}\.blob\.core\.windows\.net/geo/jobs/emu-azure-job",
+}
+
+
 # aws: test_controller_vm.py, the same through a controller VM of a standing emulated cloud.
-# gcp as `submit --emulate` runs it: its controller a GCE instance launched through the adapter,
-# the job's folder in the fake's Cloud Storage; azure: the controller in this process's world
-@pytest.mark.parametrize("provider,controller_vm", [("gcp", True), ("azure", False)])
+# gcp and azure as `submit --emulate` runs them: the controller a GCE instance (a VM with a
+# managed identity) launched through the adapter, the job's folder in the fake's Cloud Storage
+# (a storage account's container)
+@pytest.mark.parametrize("provider,controller_vm", [("gcp", True), ("azure", True)])
 def test_a_job_trains_on_the_emulated_cloud_through_a_reclaim(
     tmp_path, monkeypatch, provider, controller_vm
 ):
@@ -72,7 +80,7 @@ def test_a_job_trains_on_the_emulated_cloud_through_a_reclaim(
     result = run_job(recipe, default_catalog(), options)
     if controller_vm:  # its folder came back from the job's bucket
         record = json.loads((result.folder / "bucket.json").read_text())
-        assert record["url"] == "gs://geo-test-project-us-central1/jobs/emu-gcp-job"
+        assert re.fullmatch(BUCKETS[provider], record["url"]), record["url"]
 
     assert result.state.phase == "done" and result.state.step == 60
     events = [json.loads(line) for line in (result.folder / "events.jsonl").open()]

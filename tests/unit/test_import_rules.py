@@ -21,8 +21,14 @@ SDK_HOMES = {
     "googleapiclient": "provisioners/gcp",
     # GCS for checkpoints and a job's bucket: the runtime's object store again
     "google.auth": ("provisioners/gcp", "runtime/storage.py"),
-    # the emulated Azure's API speaks azure-core (provisioners/emulated/azure_api.py)
-    "azure": ("provisioners/azure", "provisioners/emulated/azure_api.py"),
+    # the emulated Azure's API speaks azure-core (its API and its wire); the Blob store takes
+    # azure-identity's credentials
+    "azure": (
+        "provisioners/azure",
+        "provisioners/emulated/azure_api.py",
+        "provisioners/emulated/azure_wire.py",
+        "runtime/storage.py",
+    ),
     "sky": "provisioners/skypilot",
 }
 FORBIDDEN = {
