@@ -1,23 +1,25 @@
 """The controller VM's program: a job's Ray head, overlay join service and driver, off the laptop.
 
-``submit --emulate`` writes the job's launch (``controller.json``) into the job's folder (the
-job's bucket: the laptop and every controller see the same folder) and has the standing emulated
-cloud (standing.py) boot a controller VM that runs ``python -m orchestrator.driver.controller
---job-folder FOLDER``. The program
+``submit`` pushes the job's folder with its launch (``controller.json``) to the job's bucket
+(bucket.py) and launches the controller as an instance of the job's cloud (hosts.py), whose boot
+script runs ``python -m orchestrator.driver.controller --bucket URL --region R --provider P``.
+The program
 
+- pulls the job's folder from the bucket and pushes its state back every few seconds (a
+  ``stop.request`` comes the other way);
 - takes the job's lock (lock.py: one controller per job; ``status`` names it);
 - closes its public interface to all but WireGuard, starts the overlay's join service and the Ray
   head on its overlay address, and builds the wheel its nodes install;
 - ends the VMs an earlier controller of the job left running (found by their ``geo-job`` label:
   that controller's nodes cannot rejoin a new head);
-- runs the driver actor on the head, reaching the provider's API itself (cloud.py) and the
-  emulated cloud's own decisions (``--preempt-at``) through the control socket;
+- runs the driver actor on the head, reaching the provider's API itself (cloud.py) and, on an
+  emulated cloud, the cloud's own decisions (``--preempt-at``) through its control socket;
 - on SIGTERM (the VM's orderly shutdown) asks the driver to leave: it checkpoints the committed
   step, frees its nodes and records ``stopped`` with ``controller.leaving`` beside it, so that the
   next controller resumes with no committed step lost. A controller that vanishes without one
   (power loss) is resumed from the newest checkpoint and the driver's state;
 - writes the plan it ended on (``plan.json``) for the submitter's summary, and exits; its VM
-  powers off with it.
+  powers off with it (an Azure VM deletes itself: a stopped one is still billed).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ LEAVE_FILE = "controller.leaving"
 PLAN_FILE = "plan.json"
 RECIPE_FILE = "recipe.yaml"  # the recipe, in a folder that travels through the bucket
 SERVICE_READY_S = 30.0
+FIRST_PULL_S = 600.0  # how long a new identity's storage role may take to apply
 REAL_NODES_DIR = "/var/lib/geo-orchestrator/nodes"  # on each node's own disk
 
 log = logging.getLogger(__name__)
@@ -75,12 +78,12 @@ class Hosted:
     endpoint_url: str | None  # an emulated API's; None: the provider's own
 
 
-def run_controller(folder: Path, *, hosted: Hosted | None = None) -> int:
-    """Run the job of ``folder``; ``hosted``: its folder comes from (and goes back to) the
-    job's bucket, mirrored every ``bucket.MIRROR_S``."""
+def run_controller(folder: Path, *, hosted: Hosted) -> int:
+    """Run the job of ``folder``, whose files come from (and go back to) the job's bucket,
+    mirrored every ``bucket.MIRROR_S``."""
     from orchestrator.driver.lock import JobLock
 
-    mirror = _Mirror.start(folder, hosted) if hosted is not None else None
+    mirror = _Mirror.start(folder, hosted)
     try:
         launch = json.loads((folder / LAUNCH_FILE).read_text())
         with JobLock.acquire(folder, job=folder.name):
@@ -89,10 +92,9 @@ def run_controller(folder: Path, *, hosted: Hosted | None = None) -> int:
         if choice is not None:
             (folder / PLAN_FILE).write_text(json.dumps(choice.to_dict()))
     finally:
-        if mirror is not None:
-            mirror.stop()  # its last push: the final state and the plan
+        mirror.stop()  # its last push: the final state and the plan
     print(f"controller: job {folder.name} ended {final.phase} at step {final.step}", flush=True)
-    if hosted is not None and hosted.provider == "azure":
+    if hosted.provider == "azure":
         _delete_own_vm(launch)
     return 0
 
@@ -151,7 +153,7 @@ class _Mirror:
 
         # with this VM's identity (its instance role, service account or managed identity)
         bucket = JobBucket.open(record, **vm_bucket_auth(hosted.provider))
-        bucket.pull(folder)
+        _first_pull(bucket, folder)
         mirror = cls(folder, bucket)
         mirror._thread.start()
         return mirror
@@ -175,12 +177,32 @@ class _Mirror:
         self.bucket.push(self.folder, FOLLOWED)
 
 
+def _first_pull(bucket, folder: Path) -> None:
+    """The job's folder from its bucket. A role given to this VM's identity a moment ago may not
+    have reached the storage service yet (Azure: minutes): refused, it is asked again."""
+    import threading
+    import time
+
+    from runtime.storage import StoreError
+
+    deadline, pause = time.monotonic() + FIRST_PULL_S, threading.Event()
+    while True:
+        try:
+            bucket.pull(folder)
+            return
+        except StoreError as error:
+            if time.monotonic() > deadline:
+                raise
+            print(f"controller: the job's bucket refused ({error}); asking again", flush=True)
+        pause.wait(10.0)
+
+
 def _leave(folder: Path) -> None:
     """SIGTERM: the VM shuts down. The driver checkpoints and frees its nodes after this step."""
     (folder / LEAVE_FILE).write_text("the controller VM shuts down\n")
 
 
-def _serve(folder: Path, launch: dict, hosted: Hosted | None):
+def _serve(folder: Path, launch: dict, hosted: Hosted):
     from orchestrator.driver.actor import DriverSpec
     from orchestrator.driver.cloud import MIGRATION_S, NOTICE_S, EmulatorMarket
     from orchestrator.driver.local import serve_and_follow
@@ -193,7 +215,7 @@ def _serve(folder: Path, launch: dict, hosted: Hosted | None):
         registration = Registration(
             **{**launch["cloud"], "regions": tuple(launch["cloud"]["regions"])}
         )
-    provider = hosted.provider if hosted else registration.provider
+    provider = hosted.provider
     recipe = _recipe(folder, launch, bucket_url=hosted.bucket_url if _real(hosted) else None)
     own = folder / "controller"
     own.mkdir(mode=0o700, exist_ok=True)
@@ -219,8 +241,7 @@ def _serve(folder: Path, launch: dict, hosted: Hosted | None):
             public_ip=public_ip,
         )
         _end_earlier_nodes(cloud, folder.name)
-        if hosted is not None:
-            lease = _LeaseKeeper.start(cloud, folder.name)
+        lease = _LeaseKeeper.start(cloud, folder.name)
         spec = DriverSpec(
             recipe=recipe,
             recipe_path=str(folder / launch["recipe_path"]),  # absolute stays absolute
@@ -305,8 +326,8 @@ class _NoChaos:
         raise AttributeError(f"a real cloud has no {name}: --preempt-at needs --emulate")
 
 
-def _real(hosted: Hosted | None) -> bool:
-    return hosted is not None and hosted.endpoint_url is None
+def _real(hosted: Hosted) -> bool:
+    return hosted.endpoint_url is None
 
 
 def _recipe(folder: Path, launch: dict, *, bucket_url: str | None):
@@ -333,15 +354,13 @@ def _recipe(folder: Path, launch: dict, *, bucket_url: str | None):
 
 def _cloud_spec(folder: Path, launch: dict, recipe, *, registration, hosted, **where):
     """How the driver reaches the provider and boots nodes into this controller's cluster."""
-    from orchestrator.driver.cloud import CloudSpec, emulated_credentials, halt_self_command
+    from orchestrator.driver.cloud import CloudSpec, halt_self_command
     from orchestrator.driver.hosts import node_install
     from orchestrator.driver.standing import emulator_regions
     from provisioners.bootstrap.script import VM_SHUTDOWN
     from provisioners.local import vms
 
-    provider = hosted.provider if hosted else registration.provider
-    if registration is not None and provider == "aws" and hosted is None:
-        os.environ.update(emulated_credentials())  # as an instance profile's keys would be
+    provider = hosted.provider
     served = registration.regions if registration else tuple(emulator_regions(provider))
     wanted = {loc.split("/")[1] for loc in recipe.constraints.locations if "/" in loc}
     install = vms.controller_install(vms.build_wheel(folder / "controller" / "wheel"))
@@ -505,22 +524,18 @@ def _end_earlier_nodes(cloud, job: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.driver.controller")
-    where = parser.add_mutually_exclusive_group(required=True)
-    where.add_argument("--job-folder", type=Path, help="the job's folder, shared with submit")
-    where.add_argument("--bucket", help="the job's folder in its bucket (s3://.../jobs/JOB)")
-    parser.add_argument("--region", help="with --bucket: the bucket's (and this VM's) region")
+    parser.add_argument(
+        "--bucket", required=True, help="the job's folder in its bucket (s3://.../jobs/JOB)"
+    )
+    parser.add_argument("--region", required=True, help="the bucket's (and this VM's) region")
     parser.add_argument("--provider", choices=("aws", "gcp", "azure"), default="aws")
-    parser.add_argument("--endpoint-url", help="with --bucket: an emulated cloud's API")
+    parser.add_argument("--endpoint-url", help="an emulated cloud's API")
     parser.add_argument("--jobs-dir", type=Path, default=Path("/var/lib/geo-orchestrator/jobs"))
     args = parser.parse_args(argv)
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     # Ray's core worker would catch SIGTERM itself (a stack dump, then a stuck exit): the VM's
     # shutdown is ours to handle (``_leave``)
     os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"
-    if args.job_folder is not None:
-        return run_controller(args.job_folder)
-    if not args.region:
-        parser.error("--bucket needs --region")
     if args.provider == "aws":
         os.environ.setdefault("AWS_DEFAULT_REGION", args.region)
     hosted = Hosted(

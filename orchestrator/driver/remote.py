@@ -5,11 +5,9 @@ job's lock, writes the controller's launch (``controller.json``: the recipe, the
 how to reach the cloud), lets the lock go and starts the controller VM (controller.py), which
 runs the job:
 
-- on a provider that hosts controllers (hosts.py ``CloudHost``: AWS, real or its standing
-  emulation) the folder is pushed to the job's bucket and the controller is an instance launched
-  through the provider's adapter; this process pulls the job's state back from the bucket;
-- on the other emulations (GCP, Azure) the standing emulated cloud (standing.py; started when
-  none stands) boots the controller VM itself, and the folder is shared.
+the folder is pushed to the job's bucket and the controller is an instance launched through the
+provider's adapter (hosts.py ``CloudHost``: AWS, GCP, Azure, real or their standing emulations,
+standing.py, started when none stands); this process pulls the job's state back from the bucket.
 
 From then on this process only follows, reading the job's state every ``FOLLOW_S``:
 
@@ -34,7 +32,7 @@ import time
 from pathlib import Path
 
 from orchestrator.driver.job import RunOptions, RunResult, prepare
-from orchestrator.driver.lock import JobLock, holder
+from orchestrator.driver.lock import JobLock
 from orchestrator.driver.machine import Choice, StepResult
 from orchestrator.driver.state import JobState, StateStore
 from orchestrator.errors import UserError
@@ -65,15 +63,13 @@ def run_with_controller(
     begun = time.monotonic()
     host = None
     try:
-        if recipe.provider in HOSTED:
-            from orchestrator.driver.hosts import CloudHost, host_region
+        from orchestrator.driver.hosts import CloudHost, host_region
 
-            host = CloudHost(
-                recipe.provider, host_region(recipe, recipe.provider), registration=registration
-            )
-            final = _hosted(host, recipe, recipe_path, folder, options)
-        else:
-            final = _standing(registration, recipe, recipe_path, folder, options)
+        assert recipe.provider in HOSTED, "job.py refuses the others"
+        host = CloudHost(
+            recipe.provider, host_region(recipe, recipe.provider), registration=registration
+        )
+        final = _hosted(host, recipe, recipe_path, folder, options)
     except KeyboardInterrupt:
         print(
             f"\njob {folder.name} goes on in its controller VM: "
@@ -86,17 +82,9 @@ def run_with_controller(
     finally:
         if host is not None:
             host.close()
-        if started and (host is None or not host.running(folder.name)) and holder(folder) is None:
+        if started and (host is None or not host.running(folder.name)):
             standing.stop(recipe.provider)
     return RunResult(final, folder, time.monotonic() - begun, _plan(folder))
-
-
-def _standing(registration, recipe, recipe_path, folder, options) -> JobState:
-    if holder(folder) is None:
-        _launch(recipe, recipe_path, folder, options, registration, first=True)
-    else:
-        print(f"job {folder.name} runs on its controller VM: following it", file=sys.stderr)
-    return _follow(registration, folder, options, recipe, recipe_path)
 
 
 def _hosted(host, recipe, recipe_path, folder: Path, options: RunOptions) -> JobState:
@@ -203,55 +191,11 @@ def _write_launch(
             json.dump(launch, handle)
 
 
-def _launch(recipe, recipe_path, folder, options, registration, *, first: bool) -> None:
-    """Ready the job's folder and have the standing emulated cloud boot its controller VM."""
-    from orchestrator.driver import standing
-
-    _write_launch(
-        recipe, recipe_path, folder, options, cloud=registration, first=first, portable=False
-    )
-    from provisioners.local import vms
-
-    env = {**vms._vm_env(checkout=True), "RAY_AUTH_MODE": "disabled"}
-    argv = [sys.executable, "-m", "orchestrator.driver.controller", "--job-folder", str(folder)]
-    booted = standing.call(registration, "boot_controller", job=folder.name, argv=argv, env=env)
-    print(
-        f"job {folder.name}: controller VM {booted['vm']} ({booted['public_ip']}) boots; "
-        "the job goes on there if this process goes",
-        file=sys.stderr,
-    )
-
-
 def _again(options: RunOptions) -> RunOptions:
     """A relaunch resumes: it never starts from scratch again."""
     import dataclasses
 
     return dataclasses.replace(options, from_scratch=False)
-
-
-def _follow(registration, folder: Path, options: RunOptions, recipe, recipe_path) -> JobState:
-    from orchestrator.driver import standing
-
-    def running() -> bool:
-        try:
-            answer = standing.call(registration, "controller", job=folder.name)
-        except (OSError, ValueError) as error:
-            raise UserError(
-                f"the emulated {registration.provider} cloud stopped answering: {error}",
-                file=str(Path(registration.folder) / "daemon.log"),
-                fix="read its log; `python -m orchestrator emulate up "
-                f"{registration.provider}` starts it again and submitting resumes the job",
-            ) from None
-        return answer["state"] == "running" or holder(folder) is not None
-
-    return _watch(
-        folder,
-        options,
-        running=running,
-        sync=lambda: None,  # the folder is shared
-        relaunch=lambda: _launch(recipe, recipe_path, folder, options, registration, first=False),
-        log_hint="the controller's console log under the emulated cloud's folder",
-    )
 
 
 def _watch(folder: Path, options: RunOptions, *, running, sync, relaunch, log_hint) -> JobState:

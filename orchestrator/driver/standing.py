@@ -12,14 +12,10 @@ What a user's machine needs to reach it, as a cloud's credentials and endpoint, 
 account, the namespace the API listens in (a laptop outside the simulated internet enters it to
 call the API: ``status --all``, ``down``) and the control socket. The control socket (owner-only,
 root's) carries what is not an API call of the provider: the cloud's own decisions (a spot reclaim
-with notice, a host failure: ``--preempt-at``, ``--lose-at``) and the job controllers' VMs.
-
-**The controller VM.** ``boot_controller`` makes a VM on the internet for a job's controller and
-runs the controller program in it (orchestrator/driver/controller.py): the Ray head, the overlay's
-join service and the driver live there, not in the submitting process, which may go. The VM powers
-off when its program ends. ``shutdown_controller`` is the VM's orderly shutdown (SIGTERM, then off
-after a grace period), ``kill_controller`` its loss (off at once). On a real cloud the controller is
-an on-demand instance; here the emulation boots it, so that killing it is one call.
+with notice, a host failure: ``--preempt-at``, ``--lose-at``) and what befalls a job's controller
+instance (hosts.py launches it through the provider's API, as on the real cloud):
+``shutdown_controller`` is its VM's orderly shutdown (SIGTERM, then off after a grace period),
+``kill_controller`` its loss (off at once).
 
 A daemon that dies however it dies leaves nothing: a reaper (provisioners/local/reaper.py) sweeps
 the namespaces of its internet when its process is gone.
@@ -45,7 +41,6 @@ from orchestrator.errors import UserError
 PROVIDERS = ("aws", "gcp", "azure")
 READY_S = 120.0  # moto's server, the fakes and the internet start in seconds
 CALL_S = 60.0
-CONTROLLER_VM = "ctl-{job}"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -180,80 +175,6 @@ def _package_root() -> str:
 # -- the daemon ------------------------------------------------------------------------------------
 
 
-class _Controllers:
-    """The job controllers' VMs on the internet, and their programs."""
-
-    def __init__(self, internet, folder: Path) -> None:
-        self.internet, self.folder = internet, folder
-        self._running: dict[str, subprocess.Popen] = {}
-        self._lock = threading.Lock()
-
-    def boot(self, job: str, argv: list[str], env: dict[str, str]) -> dict:
-        """A VM for the job's controller running ``argv``; ``GEO_RUN_DIR`` in its environment
-        is its /run: a short folder of its own (sockets), gone when the VM is."""
-        name = CONTROLLER_VM.format(job=job)
-        with self._lock:
-            if job in self._running and self._running[job].poll() is None:
-                raise ValueError(f"job {job} has a controller VM running")
-            self.internet.kill_vm(name)  # an earlier one's, powered off
-            vm = self.internet.add_vm(name)
-            run_dir = tempfile.mkdtemp(prefix="geo-vm-")
-            process = self.internet.popen(
-                vm,
-                argv,
-                log_file=self.folder / "controllers" / job / "console.log",
-                env={**env, "GEO_RUN_DIR": run_dir},
-            )
-            self._running[job] = process
-        threading.Thread(
-            target=self._power_off_after,
-            args=(job, process, run_dir),
-            name=f"ctl-{job}",
-            daemon=True,
-        ).start()
-        return {"vm": name, "public_ip": vm.public_ip}
-
-    def _power_off_after(self, job: str, process: subprocess.Popen, run_dir: str) -> None:
-        """The VM goes when its program ends (as a VM whose init powers it off)."""
-        process.wait()
-        with self._lock:
-            if self._running.get(job) is process:
-                self.internet.kill_vm(CONTROLLER_VM.format(job=job))
-        shutil.rmtree(run_dir, ignore_errors=True)
-
-    def state(self, job: str) -> dict:
-        process = self._running.get(job)
-        if process is None:
-            return {"state": "none"}
-        code = process.poll()
-        return {"state": "running"} if code is None else {"state": "off", "exit_code": code}
-
-    def shutdown(self, job: str, grace_s: float) -> dict:
-        """An orderly shutdown: SIGTERM to the program (its own children, the Ray head's
-        processes, are its to end, as systemd's ``KillMode=mixed``), the VM off once it has
-        exited (its power-off thread) or after ``grace_s``."""
-        process = self._running.get(job)
-        if process is None or process.poll() is not None:
-            return {"state": "off"}
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            return self.kill(job, process)
-        return {"state": "off"}
-
-    def kill(self, job: str, process: subprocess.Popen | None = None) -> dict:
-        """The VM's loss: off at once, every process in it with it. ``process``: only if it is
-        still that program's VM (a new controller of the job may have taken the name since)."""
-        with self._lock:
-            current = self._running.get(job)
-            if current is None or (process is not None and current is not process):
-                return {"state": "off"}
-            self.internet.kill_vm(CONTROLLER_VM.format(job=job))
-        current.wait(timeout=30)
-        return {"state": "off"}
-
-
 class _ControlHandler(socketserver.StreamRequestHandler):
     def handle(self) -> None:
         daemon: _Daemon = self.server.daemon
@@ -270,8 +191,8 @@ class _ControlServer(socketserver.ThreadingUnixStreamServer):
 
 
 class _Daemon:
-    def __init__(self, emulator, controllers: _Controllers, done: threading.Event) -> None:
-        self.emulator, self.controllers, self.done = emulator, controllers, done
+    def __init__(self, emulator, done: threading.Event) -> None:
+        self.emulator, self.done = emulator, done
 
     def _controller_instances(self, job: str) -> list[str]:
         """The job's controller launched as an instance of the cloud (hosts.py CloudHost)."""
@@ -290,18 +211,14 @@ class _Daemon:
         if op == "interrupt_zone":
             zone, notice_s = request["zone"], float(request["notice_s"])
             return {"instances": self.emulator.interrupt_zone(zone, notice_s=notice_s)}
-        if op == "boot_controller":
-            return self.controllers.boot(request["job"], list(request["argv"]), request["env"])
-        if op == "controller":
-            return self.controllers.state(request["job"])
         if op == "shutdown_controller":
             for instance in self._controller_instances(request["job"]):
                 self.emulator.shutdown(instance, grace_s=float(request["grace_s"]))
-            return self.controllers.shutdown(request["job"], float(request["grace_s"]))
+            return {"state": "off"}
         if op == "kill_controller":
             for instance in self._controller_instances(request["job"]):
                 self.emulator.lose(instance)
-            return self.controllers.kill(request["job"])
+            return {"state": "off"}
         if op == "down":
             self.done.set()
             return {}
@@ -336,9 +253,8 @@ def serve(provider: str, refusals: dict[str, str]) -> int:
             regions=regions,
         )
         endpoint = emulator.start()
-        controllers = _Controllers(internet, folder)
         server = _ControlServer(str(runtime / "control.sock"), _ControlHandler)
-        server.daemon = _Daemon(emulator, controllers, done)
+        server.daemon = _Daemon(emulator, done)
         threading.Thread(target=server.serve_forever, name="control", daemon=True).start()
         _register(
             folder,

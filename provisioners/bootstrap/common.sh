@@ -70,12 +70,22 @@ ask = urllib.request.Request(
     "&resource=https%3A%2F%2Fstorage.azure.com%2F",
     headers={"Metadata": "true"},
 )
-token = json.load(urllib.request.urlopen(ask, timeout=10))["access_token"]
-fetch = urllib.request.Request(
-    source, headers={"Authorization": f"Bearer {token}", "x-ms-version": "2021-12-02"}
-)
-with urllib.request.urlopen(fetch, timeout=300) as reply, open(target, "wb") as out:
-    out.write(reply.read())
+import time, urllib.error
+# a role assigned a moment ago takes minutes to reach Blob Storage: 403 until then
+deadline = time.monotonic() + 600
+while True:
+    token = json.load(urllib.request.urlopen(ask, timeout=10))["access_token"]
+    fetch = urllib.request.Request(
+        source, headers={"Authorization": f"Bearer {token}", "x-ms-version": "2021-12-02"}
+    )
+    try:
+        with urllib.request.urlopen(fetch, timeout=300) as reply, open(target, "wb") as out:
+            out.write(reply.read())
+        break
+    except urllib.error.HTTPError as error:
+        if error.code != 403 or time.monotonic() > deadline:
+            raise
+    time.sleep(10)
 PY
 fi
 case "$INSTALL_MODE" in

@@ -136,6 +136,16 @@ class EmulatedAzure(EmulatedCloud):
 
         return MetadataService(vm, AzureMetadata(name=seen.instance_id, compute=compute, mint=mint))
 
+    def tagged(self, tags: dict[str, str]) -> list[str]:
+        """VMs whose tags include ``tags``, booted here."""
+        with self.api.lock:
+            named = [
+                vm.name
+                for vm in self.api.vms.values()
+                if tags.items() <= (vm.body.get("tags") or {}).items()
+            ]
+        return [name for name in named if self.vm_of(name) is not None]
+
     def _ended(self, name: str, why: str) -> None:
         with self.api.lock:
             vm = self.api.vms.get(name)

@@ -1,5 +1,11 @@
 """Fixtures shared by integration tests: moto's S3 server on 127.0.0.1, fake AWS credentials, and a
-Ray cluster of a test module's own."""
+Ray cluster of a test module's own; and which tests may run beside which under xdist.
+
+The tier runs on two xdist workers with ``--dist loadgroup``: the modules that take the whole
+machine (Ray clusters, namespace VMs, standing emulated clouds, training) form one group that
+runs one test after another on one worker, so that no two of them compete for the cores and
+their timings stay what they were written for; the adapters' tests against fakes and in-memory
+servers run beside them on the other worker."""
 
 from __future__ import annotations
 
@@ -14,6 +20,33 @@ FAKE_AWS = {
     "AWS_SECRET_ACCESS_KEY": "testing",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
+
+
+MACHINE = frozenset(
+    {
+        "test_bench_runtime_vs_torch",
+        "test_chaos",
+        "test_checkpoint",
+        "test_controller_vm",
+        "test_emulated_aws",
+        "test_emulated_submit",
+        "test_local_gateway",
+        "test_local_provisioner",
+        "test_netns_cloud",
+        "test_orphans",
+        "test_overlay",
+        "test_runtime_failures",
+        "test_runtime_takeover",
+        "test_runtime_training",
+        "test_straggler",
+    }
+)
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        if item.module.__name__.rsplit(".", 1)[-1] in MACHINE:
+            item.add_marker(pytest.mark.xdist_group("machine"))
 
 
 @pytest.fixture(scope="session")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.driver import remote, standing
+from orchestrator.driver import remote
 from orchestrator.driver.controller import LEAVE_FILE
 from orchestrator.driver.job import RunOptions
 from orchestrator.driver.state import JobState, StateStore
@@ -15,22 +15,20 @@ from orchestrator.errors import UserError
 
 
 class _Cloud:
-    """The standing cloud's answers about the job's controller VM, one per look; each look
-    may first change the job's state (what the controller did meanwhile)."""
+    """The cloud's answers about the job's controller VM, one per look; each look may first
+    change the job's state (what the controller did meanwhile)."""
 
     def __init__(self, store: StateStore, script: list, on_launch=None) -> None:
         self.store, self.script, self.launches = store, list(script), 0
         self.on_launch = on_launch
 
-    def call(self, registration, op, **args):
-        assert op == "controller"
+    def running(self) -> bool:
         answer, change = self.script.pop(0)
         if change is not None:
             self.store.save(self.store.load().state.evolve(**change))
-        return {"state": answer}
+        return answer == "running"
 
-    def launch(self, *args, first: bool) -> None:
-        assert not first
+    def launch(self) -> None:
         self.launches += 1
         if self.on_launch is not None:
             self.on_launch(self)
@@ -43,15 +41,19 @@ def follow(tmp_path, monkeypatch):
     store = StateStore(folder)
     store.save(JobState(job="job", recipe_path="r.yaml", phase="train", steps_total=50))
     monkeypatch.setattr(remote, "FOLLOW_S", 0.0)
-    monkeypatch.setattr(remote, "holder", lambda folder: None)
 
     def run(script, *, shown=None, on_launch=None):
         cloud = _Cloud(store, script, on_launch)
-        monkeypatch.setattr(standing, "call", cloud.call)
-        monkeypatch.setattr(remote, "_launch", cloud.launch)
         seen = []
         options = RunOptions(on_step=lambda state, result: seen.append(state.step))
-        final = remote._follow(object(), folder, options, None, None)
+        final = remote._watch(
+            folder,
+            options,
+            running=cloud.running,
+            sync=lambda: None,
+            relaunch=cloud.launch,
+            log_hint="its console",
+        )
         if shown is not None:
             shown.extend(seen)
         return final, cloud.launches
