@@ -1,7 +1,7 @@
 """Fixtures shared by integration tests: moto's S3 server on 127.0.0.1, fake AWS credentials, and a
 Ray cluster of a test module's own; and which tests may run beside which under xdist.
 
-The tier runs on two xdist workers with ``--dist loadgroup``: the modules that take the whole
+The tier runs on two xdist workers: the modules that take the whole
 machine (Ray clusters, namespace VMs, standing emulated clouds, training) form one group that
 runs one test after another on one worker, so that no two of them compete for the cores and
 their timings stay what they were written for; the adapters' tests against fakes and in-memory
@@ -43,10 +43,18 @@ MACHINE = frozenset(
 )
 
 
-def pytest_collection_modifyitems(config, items) -> None:
-    for item in items:
-        if item.module.__name__.rsplit(".", 1)[-1] in MACHINE:
-            item.add_marker(pytest.mark.xdist_group("machine"))
+def pytest_xdist_make_scheduler(config, log):
+    """Under xdist: the machine-wide modules are one unit of work (one worker runs them one
+    after another), every other test a unit of its own. (xdist's own ``--dist loadgroup`` reads
+    groups off node ids that pytest 9 no longer lets it change.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class MachineScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+            return "machine" if module in MACHINE else nodeid
+
+    return MachineScheduling(config, log)
 
 
 @pytest.fixture(scope="session")
