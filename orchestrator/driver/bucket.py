@@ -104,7 +104,12 @@ class JobBucket:
 
     def push(self, folder: Path, names: Iterable[str] | None = None) -> int:
         """Put the folder's files (top level; ``names`` only, if given) that changed since this
-        object last pushed them; how many it put."""
+        object last pushed them, and delete those of ``names`` it pushed that the folder no
+        longer holds; how many it put."""
+        for name in [n for n in names or () if n in self._pushed]:
+            if not (folder / name).exists():
+                self._in(lambda name=name: self.store.delete(name))
+                del self._pushed[name]
         put = 0
         for path in sorted(folder.iterdir()):
             name = path.name

@@ -154,6 +154,7 @@ class _Mirror:
         # with this VM's identity (its instance role, service account or managed identity)
         bucket = JobBucket.open(record, **vm_bucket_auth(hosted.provider))
         _first_pull(bucket, folder)
+        bucket.delete(LEAVE_FILE)  # an earlier controller's: this one has not left
         mirror = cls(folder, bucket)
         mirror._thread.start()
         return mirror

@@ -76,6 +76,7 @@ class CloudHost:
 
     def launch(self, folder: Path, record: BucketRecord, *, wheel: Path) -> str:
         """Push the job's folder and the wheel, then launch the controller VM; its id."""
+        from orchestrator.driver.controller import LEAVE_FILE
         from provisioners.base import Firewall, LaunchRequest
         from provisioners.bootstrap.joined import EXPIRES_LABEL, JOB_LABEL
         from provisioners.bootstrap.script import render_controller
@@ -84,6 +85,7 @@ class CloudHost:
         job = folder.name
         bucket = self.bucket(record)
         bucket.delete(ASKED[0])  # a stop asked of an earlier run
+        bucket.delete(LEAVE_FILE)  # the last controller's leaving: the laptop has seen it
         bucket.push(folder)
         self.node_identity(record)
         boot = self._boot(job, record, bucket, wheel)

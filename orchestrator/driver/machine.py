@@ -339,7 +339,7 @@ class Driver(Guards, Moves):
                 self._checkpoint("a stop request")
                 self._finish()
                 why = asked if isinstance(asked, str) else "asked to stop"
-                self._log("stopped", "released every node", why)
+                self._log("stopped", "released every node", why, details={"step": self.state.step})
                 return Phase.STOPPED
         self._checkpoint("the last step")
         self._finish()

@@ -2,7 +2,8 @@
 drives it from the command line. The controller is an EC2 instance launched through the AWS
 adapter from its user-data, acting as its instance profile; the job's folder lives in S3 (moto's,
 on the simulated internet), so this test reads the job's state as ``status`` does, from the
-bucket. The job the job survives a spot reclaim (the node's own watcher gives
+bucket. The same on Azure: a VM with a managed identity, the folder in a storage account's
+container. The job the job survives a spot reclaim (the node's own watcher gives
 the notice), its controller VM's shutdown (the next controller resumes with no committed step
 lost) and the submitting process's ``kill -9`` (the job goes on); ``status`` from another folder
 shows it, ``stop`` ends it, and ``status --all`` then finds no VM left on the emulated cloud.
@@ -33,18 +34,20 @@ pytestmark = [
 JOB = "ctl-vm-job"
 RECIPE = f"""\
 name: {JOB}
-provider: aws
+provider: PROVIDER
 model: {{name: gpt-tiny, profile: analytic}}
 training:
   {{global_batch_size: 8, microbatch_sizes: [2, 4], steps: 400, precision: fp32, seed: 0,
    optimizer: {{name: adamw, lr: 1.0e-3, weight_decay: 0.01, grad_clip_norm: null}}}}
 objective: {{goal: max_throughput}}
 constraints:
-  {{locations: [aws/us-east-1], gpu_types: [T4], max_gpus: 2, min_locations: 2, pricing: spot}}
+  {{locations: [LOCATION], gpu_types: [T4], max_gpus: 2, min_locations: 2, pricing: spot}}
 checkpointing: {{every_steps: 10, path: CHECKPOINTS, keep_last: 2}}
 runtime: {{allreduce: hierarchical, link_emulation: false}}
 """
 ROOT = Path(__file__).resolve().parents[2]
+# where each provider's job runs, and how its instances are named
+WHERE = {"aws": ("aws/us-east-1", "i-"), "azure": ("azure/eastus", JOB)}
 
 
 def _cli(env, *args, cwd=ROOT, check=True):
@@ -71,14 +74,19 @@ def _until(what, predicate, timeout_s: float = 240.0):
     raise AssertionError(f"no {what} within {timeout_s:g} s")
 
 
-def test_the_job_outlives_its_controller_and_its_submitter(tmp_path):
+@pytest.mark.parametrize("provider", ["aws", "azure"])
+def test_the_job_outlives_its_controller_and_its_submitter(tmp_path, monkeypatch, provider):
     home, other = tmp_path / "home", tmp_path / "elsewhere"
     other.mkdir()
+    # this process reads the job's bucket too (``refresh``), with the standing cloud's keys
+    monkeypatch.setenv("GEO_ORCHESTRATOR_HOME", str(home))
     env = {**os.environ, "GEO_ORCHESTRATOR_HOME": str(home), "PYTHONPATH": str(ROOT)}
     for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
         env.pop(name, None)  # the emulation brings its own keys
     recipe = tmp_path / f"{JOB}.yaml"
-    recipe.write_text(RECIPE.replace("CHECKPOINTS", str(tmp_path / "checkpoints")))
+    location, instance_prefix = WHERE[provider]
+    text = RECIPE.replace("CHECKPOINTS", str(tmp_path / "checkpoints"))
+    recipe.write_text(text.replace("PROVIDER", provider).replace("LOCATION", location))
     folder = home / "jobs" / JOB
 
     def state() -> dict:
@@ -107,16 +115,19 @@ def test_the_job_outlives_its_controller_and_its_submitter(tmp_path):
         chaos = next(e for e in events() if e["event"] == "chaos")
         notice = next(e for e in events() if e["event"] == "preemption_notice")
         assert notice["reason"].startswith(f"node {chaos['details']['node']} ")
-        assert chaos["details"]["node"].startswith("i-")  # an EC2 instance of the emulation
+        assert chaos["details"]["node"].startswith(instance_prefix)  # an instance of the cloud
 
         # the controller VM shuts down: the driver checkpoints the step it committed last
         _until("step 25", lambda: state().get("step", 0) >= 25)
-        _cli(env, "emulate", "kill-controller", "aws", "--job", JOB)
-        left = state()
-        assert left["phase"] == "stopped" and left["checkpoint_step"] == left["step"]
-        assert "its controller VM shuts down" in events()[-1]["reason"]
+        _cli(env, "emulate", "kill-controller", provider, "--job", JOB)
+        # (read from the events: the submitter may have relaunched the controller already)
+        stop = _until("the stop", lambda: [e for e in events() if e["event"] == "stopped"])[-1]
+        assert "its controller VM shuts down" in stop["reason"]
+        before = [e for e in events() if e["time_s"] <= stop["time_s"]]
+        committed = [e["details"]["step"] for e in before if e["event"] == "checkpointed"][-1]
+        assert stop["details"]["step"] == committed  # the step it stopped at is checkpointed
         # the submitter boots a new controller VM, which resumes there: no committed step lost
-        resumed = f"from step {left['step']} "
+        resumed = f"from step {committed} "
         _until(
             "the resumed start",
             lambda: any(e["event"] == "started" and resumed in e["reason"] for e in events()),
@@ -128,16 +139,21 @@ def test_the_job_outlives_its_controller_and_its_submitter(tmp_path):
         killed_at = state()["step"]
         _until("steps after the kill", lambda: state().get("step", 0) >= killed_at + 5)
         shown = json.loads(_cli(env, "status", JOB, "--json", cwd=other).stdout)["jobs"][0]
-        assert shown["phase"] == "train" and int(shown["step"].split("/")[0]) > left["step"]
+        assert shown["phase"] == "train" and int(shown["step"].split("/")[0]) > committed
         # a machine that never submitted it finds it in the cloud's job buckets
-        elsewhere = ["--jobs-dir", str(tmp_path / "another-machine"), "--cloud", "emulated-aws"]
+        elsewhere = [
+            "--jobs-dir",
+            str(tmp_path / "another-machine"),
+            "--cloud",
+            f"emulated-{provider}",
+        ]
         found = _cli(env, "status", JOB, "--json", *elsewhere, cwd=other).stdout
         assert json.loads(found)["jobs"][0]["phase"] == "train"
 
         # priced at the emulated API's spot price: the catalog's published one for its type
         for request in state()["choice"]["requests"]:
             assert request["usd_per_node_hour"] == pytest.approx(
-                _catalog_spot("us-east-1", request["instance_type"])
+                _catalog_spot(location, request["instance_type"])
             )
 
         _cli(env, "stop", JOB, cwd=other)
@@ -145,7 +161,7 @@ def test_the_job_outlives_its_controller_and_its_submitter(tmp_path):
 
         def left_running() -> list:
             fleet = json.loads(_cli(env, "status", "--all", "--json", cwd=other).stdout)
-            assert "emulated aws" not in fleet["clouds_not_asked"]
+            assert f"emulated {provider}" not in fleet["clouds_not_asked"]
             return [v for v in fleet["vms"] if v["state"] in ("pending", "running")]
 
         # the controller powers its VM off once it has pushed its last state
@@ -153,17 +169,18 @@ def test_the_job_outlives_its_controller_and_its_submitter(tmp_path):
     finally:
         if submit.poll() is None:
             submit.kill()
-        _cli(env, "emulate", "down", "aws", check=False)
-    assert [n for n in netns.namespaces() if "emulated-aws" in n] == []
+        _cli(env, "emulate", "down", provider, check=False)
+    assert [n for n in netns.namespaces() if f"emulated-{provider}" in n] == []
 
 
-def _catalog_spot(region: str, instance_type: str) -> float:
+def _catalog_spot(location: str, instance_type: str) -> float:
     from orchestrator.catalog import default_catalog
 
+    cloud, region = location.split("/")
     return min(
         o.spot_usd_per_hour
         for o in default_catalog().offers.offers
-        if o.location.cloud == "aws"
+        if o.location.cloud == cloud
         and o.location.region == region
         and o.instance_type == instance_type
         and o.spot_usd_per_hour is not None

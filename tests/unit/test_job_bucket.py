@@ -33,6 +33,19 @@ def test_the_folder_travels_and_the_state_comes_back(tmp_path):
     assert not (laptop / "controller.leaving").exists()
 
 
+def test_a_followed_file_the_folder_dropped_leaves_the_bucket(tmp_path):
+    vm = tmp_path / "vm"
+    vm.mkdir()
+    store = LocalStore(tmp_path / "bucket")
+    mirror = JobBucket(store)
+    (vm / "controller.leaving").write_text("going\n")
+    mirror.push(vm, FOLLOWED)
+    assert store.exists("controller.leaving")
+    (vm / "controller.leaving").unlink()
+    mirror.push(vm, FOLLOWED)
+    assert not store.exists("controller.leaving")  # a follower would take it for a leave
+
+
 def test_a_stop_reaches_the_vm_and_a_relaunch_clears_it(tmp_path):
     vm = tmp_path / "vm"
     bucket = JobBucket(LocalStore(tmp_path / "bucket"))
