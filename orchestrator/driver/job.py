@@ -136,12 +136,12 @@ def run_job(recipe_path: Path, catalog: Catalog, options: RunOptions) -> RunResu
         _check_credentials(recipe.provider, recipe_path)
         if recipe.provider not in HOSTED:
             raise UserError(
-                f"submit runs a job's controller on {', '.join(HOSTED)} itself in this version, "
-                f"not yet on {recipe.provider} (there it runs on the provider's emulation)",
+                f"submit runs a job's controller on {', '.join(HOSTED)} itself, not on "
+                f"{recipe.provider} (its controller needs a bucket and an identity of one cloud)",
                 file=str(recipe_path),
                 field="provider",
-                fix="add --emulate to train on the provider's emulation (aws, gcp, azure; as "
-                "root), write provider: aws, or plan and simulate for this provider",
+                fix=f"write provider: {', '.join(HOSTED)} (the same GPUs through that cloud's own "
+                f"API), or plan and simulate for {recipe.provider}",
             )
     folder = job_folder(recipe, recipe_path, options.jobs_dir)
     if recipe.provider != "local" and (options.controller_vm or not options.emulate):
