@@ -2,8 +2,8 @@
 drives it from the command line. The controller is an EC2 instance launched through the AWS
 adapter from its user-data, acting as its instance profile; the job's folder lives in S3 (moto's,
 on the simulated internet), so this test reads the job's state as ``status`` does, from the
-bucket. The same on Azure: a VM with a managed identity, the folder in a storage account's
-container. The job the job survives a spot reclaim (the node's own watcher gives
+bucket. The same on Azure (a VM with a managed identity, the folder in a storage account's
+container) with ``GEO_E2E_ALL=1``. The job the job survives a spot reclaim (the node's own watcher gives
 the notice), its controller VM's shutdown (the next controller resumes with no committed step
 lost) and the submitting process's ``kill -9`` (the job goes on); ``status`` from another folder
 shows it, ``stop`` ends it, and ``status --all`` then finds no VM left on the emulated cloud.
@@ -74,7 +74,20 @@ def _until(what, predicate, timeout_s: float = 240.0):
     raise AssertionError(f"no {what} within {timeout_s:g} s")
 
 
-@pytest.mark.parametrize("provider", ["aws", "azure"])
+@pytest.mark.parametrize(
+    "provider",
+    [
+        "aws",
+        pytest.param(
+            "azure",
+            marks=pytest.mark.skipif(
+                not os.environ.get("GEO_E2E_ALL"),
+                reason="the same on Azure (60-90 s more than the suite's budget holds): "
+                "GEO_E2E_ALL=1 runs it",
+            ),
+        ),
+    ],
+)
 def test_the_job_outlives_its_controller_and_its_submitter(tmp_path, monkeypatch, provider):
     home, other = tmp_path / "home", tmp_path / "elsewhere"
     other.mkdir()
