@@ -141,7 +141,7 @@ class _Mirror:
 
     @classmethod
     def start(cls, folder: Path, hosted: Hosted) -> _Mirror:
-        from orchestrator.driver.bucket import BucketRecord, JobBucket
+        from orchestrator.driver.bucket import BucketRecord
 
         record = BucketRecord(
             url=hosted.bucket_url,
@@ -149,11 +149,9 @@ class _Mirror:
             region=hosted.region,
             endpoint_url=hosted.endpoint_url,
         )
-        from orchestrator.driver.hosts import vm_bucket_auth
 
         # with this VM's identity (its instance role, service account or managed identity)
-        bucket = JobBucket.open(record, **vm_bucket_auth(hosted.provider))
-        _first_pull(bucket, folder)
+        bucket = _first_pull(record, folder, provider=hosted.provider)
         bucket.delete(LEAVE_FILE)  # an earlier controller's: this one has not left
         mirror = cls(folder, bucket)
         mirror._thread.start()
@@ -178,21 +176,26 @@ class _Mirror:
         self.bucket.push(self.folder, FOLLOWED)
 
 
-def _first_pull(bucket, folder: Path) -> None:
-    """The job's folder from its bucket. A role given to this VM's identity a moment ago may not
-    have reached the storage service yet (Azure: minutes): refused, it is asked again."""
+def _first_pull(record, folder: Path, *, provider: str):
+    """The job's folder from its bucket, opened with this VM's identity; the bucket. On Azure a
+    role given to the VM's identity a moment ago may take minutes to reach Blob Storage: refused,
+    the bucket is opened and asked again. Elsewhere a refusal ends the controller (its VM powers
+    off and the submitter boots another, whose SDK looks for its credentials afresh)."""
     import threading
     import time
 
+    from orchestrator.driver.bucket import JobBucket
+    from orchestrator.driver.hosts import vm_bucket_auth
     from runtime.storage import StoreError
 
     deadline, pause = time.monotonic() + FIRST_PULL_S, threading.Event()
     while True:
+        bucket = JobBucket.open(record, **vm_bucket_auth(provider))
         try:
             bucket.pull(folder)
-            return
+            return bucket
         except StoreError as error:
-            if time.monotonic() > deadline:
+            if provider != "azure" or time.monotonic() > deadline:
                 raise
             print(f"controller: the job's bucket refused ({error}); asking again", flush=True)
         pause.wait(10.0)
