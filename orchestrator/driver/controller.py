@@ -104,13 +104,11 @@ def _delete_own_vm(launch: dict) -> None:
     terminates it on shutdown, GCP bills a stopped VM's disk only): this one deletes itself, by
     its managed identity (Contributor on the group), once its job's state is in the bucket."""
     from orchestrator.driver.cloud import azure_on_vm, emulated_adapter
-    from orchestrator.driver.standing import Registration
     from provisioners.base import LabelledVm, NodeState, ProvisionerError
 
     compute = azure_compute()
-    if launch.get("cloud"):  # an emulated Azure: its API and token
-        cloud = launch["cloud"]
-        registration = Registration(**{**cloud, "regions": tuple(cloud["regions"])})
+    registration = _registration(launch)
+    if registration is not None:  # an emulated Azure: its API and token
         adapter = emulated_adapter(registration)
     else:
         adapter = azure_on_vm(compute["subscriptionId"], compute["resourceGroupName"])
@@ -201,6 +199,15 @@ def _first_pull(record, folder: Path, *, provider: str):
         pause.wait(10.0)
 
 
+def _registration(launch: dict):
+    """The standing emulated cloud the launch names (its API, token and control socket), or
+    None on a real cloud."""
+    from orchestrator.driver.standing import Registration
+
+    cloud = launch.get("cloud")
+    return None if not cloud else Registration(**{**cloud, "regions": tuple(cloud["regions"])})
+
+
 def _leave(folder: Path) -> None:
     """SIGTERM: the VM shuts down. The driver checkpoints and frees its nodes after this step."""
     (folder / LEAVE_FILE).write_text("the controller VM shuts down\n")
@@ -210,15 +217,11 @@ def _serve(folder: Path, launch: dict, hosted: Hosted):
     from orchestrator.driver.actor import DriverSpec
     from orchestrator.driver.cloud import MIGRATION_S, NOTICE_S, EmulatorMarket
     from orchestrator.driver.local import serve_and_follow
-    from orchestrator.driver.standing import Registration
     from provisioners.local.cluster import session_name, start_head
     from provisioners.registry import provisioner_class
 
-    registration = None
-    if launch.get("cloud"):  # an emulated cloud: its control socket carries its own decisions
-        registration = Registration(
-            **{**launch["cloud"], "regions": tuple(launch["cloud"]["regions"])}
-        )
+    # an emulated cloud: its control socket carries its own decisions
+    registration = _registration(launch)
     provider = hosted.provider
     recipe = _recipe(folder, launch, bucket_url=hosted.bucket_url if _real(hosted) else None)
     own = folder / "controller"
