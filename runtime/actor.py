@@ -10,6 +10,7 @@ from __future__ import annotations
 import socket
 
 from runtime.layout import Layout
+from runtime.models.protocol import ModelSource, builtin
 from runtime.reference import TrainConfig
 
 # A node that emulates a slower device (the local simulated cloud's noisy neighbour) carries this Ray
@@ -18,8 +19,16 @@ SLOWDOWN_LABEL = "geo-slowdown"
 
 
 class StageWorker:
-    def __init__(self, layout: Layout, rank: int, config: TrainConfig, corpus_bytes: int) -> None:
+    def __init__(
+        self,
+        layout: Layout,
+        rank: int,
+        config: TrainConfig,
+        corpus_bytes: int,
+        model: ModelSource | None = None,
+    ) -> None:
         self.layout, self.rank, self.config, self.corpus_bytes = layout, rank, config, corpus_bytes
+        self.model = model or builtin(layout.model)  # the layout names a built-in one
         self.runner = None
         # made by the first start_checkpoint, for its (store URL, job, endpoint)
         self.checkpointer, self.checkpointer_target = None, None
@@ -56,10 +65,16 @@ class StageWorker:
             )
         else:
             torch.cuda.set_device(0)  # Ray's CUDA_VISIBLE_DEVICES shows this worker its GPU only
-        comm = Comm(self.layout, self.rank, init_method=init_method, timeout_s=timeout_s)
-        workload = build_workload(
-            self.layout.model, seed=self.config.seed, corpus_bytes=self.corpus_bytes
+        config = self.config
+        whole_model = config.grad_clip_norm is not None or config.precision == "fp16-mixed"
+        comm = Comm(
+            self.layout,
+            self.rank,
+            init_method=init_method,
+            timeout_s=timeout_s,
+            pipelines=whole_model,
         )
+        workload = build_workload(self.model, seed=self.config.seed, corpus_bytes=self.corpus_bytes)
         labels = ray.get_runtime_context().get_node_labels()
         self.runner = StageRunner(
             self.layout,

@@ -33,8 +33,16 @@ from runtime.shaper import SendPacer, collective_s
 
 class Comm:
     def __init__(
-        self, layout: Layout, rank: int, *, init_method: str, timeout_s: float = 300
+        self,
+        layout: Layout,
+        rank: int,
+        *,
+        init_method: str,
+        timeout_s: float = 300,
+        pipelines: bool = False,
     ) -> None:
+        """``pipelines``: also a group per pipeline (its stages of one replica), for what is
+        summed over a whole model (the gradient's norm: precision.py)."""
         self.layout, self.rank = layout, rank
         cuda = layout.workers[rank].device == "cuda"
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else None
@@ -47,7 +55,7 @@ class Comm:
         )
         self._groups: dict[tuple[int, ...], object] = {}
         self._nccl: dict[tuple[int, ...], object] = {}  # NCCL groups, by their sorted ranks
-        self._create_groups()
+        self._create_groups(pipelines)
         # per peer, oldest first: [message number, tensor, work handles (one, once posted)]
         self._pending: dict[int, deque] = defaultdict(deque)
         self._sent_count: dict[int, int] = defaultdict(int)
@@ -57,7 +65,7 @@ class Comm:
         # emulated links (Layout.links): sends are paced, collectives padded to their modeled time
         self._pacer = SendPacer(self._post) if layout.links else None
 
-    def _create_groups(self) -> None:
+    def _create_groups(self, pipelines: bool) -> None:
         """Every group of the layout, created by every rank in one order."""
         layout = self.layout
         wanted: list[tuple[int, ...]] = []
@@ -66,6 +74,8 @@ class Comm:
             wanted += layout.zone_groups(s)
             wanted += layout.region_groups(s)
             wanted.append(layout.cross_region_group(s))
+        if pipelines:
+            wanted += [layout.pipeline(i) for i in range(layout.replicas)]
         for ranks in wanted:
             if len(ranks) > 1 and ranks not in self._groups:
                 self._groups[ranks] = dist.new_group(list(ranks))

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from runtime.actor import StageWorker
 from runtime.checkpoint import CheckpointReport, PendingCheckpoint
 from runtime.layout import Layout
+from runtime.models.protocol import ModelSource
 from runtime.reference import TrainConfig
 
 RENDEZVOUS_ATTEMPTS = 3
@@ -77,13 +78,16 @@ class WorkerGroup:
         name: str | None = None,
         nodes: tuple[str, ...] | None = None,
         gpu_share: float = 1.0,
+        model: ModelSource | None = None,
     ) -> WorkerGroup:
         """Place and set up one worker per rank; ``name``: a detached, named group (unique per
         start: a failed start's names are not reused); ``nodes``: the Ray node id of each rank
         (a restart that keeps each rank on the node it ran on, e.g. so a re-balanced share of
         the batch stays with the node it was measured on); ``gpu_share``: the part of a GPU each
         CUDA worker takes (below 1, workers share a GPU: small models, tests on one GPU; NCCL
-        refuses two ranks of one group on one GPU, so sharers must be in different places)."""
+        refuses two ranks of one group on one GPU, so sharers must be in different places);
+        ``model``: the model to train (default: the layout's built-in one; a user's code reaches
+        the workers with the Ray job's ``runtime_env``, which its actors inherit)."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -131,7 +135,7 @@ class WorkerGroup:
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         placement_group=group, placement_group_bundle_index=rank
                     ),
-                ).remote(layout, rank, config, corpus_bytes)
+                ).remote(layout, rank, config, corpus_bytes, model)
                 for rank in range(layout.world_size)
             ]
             try:

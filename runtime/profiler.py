@@ -39,6 +39,7 @@ from torch import nn
 
 from runtime.memory import keep_freed_memory
 from runtime.models.gpt import build_layers, next_token_loss
+from runtime.models.protocol import ModelParts, TokenInputs
 from runtime.models.specs import GptSpec
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -140,7 +141,17 @@ class _Clock:
 
 
 def profile_gpt(spec: GptSpec, config: ProfilerConfig) -> ModelMeasurement:
-    """Measure every layer of ``spec`` at each of ``config.microbatch_sizes``."""
+    """Measure every layer of the built-in GPT shaped as ``spec``."""
+    layers = build_layers(spec, seed=config.seed)
+    inputs = TokenInputs(seq_len=spec.seq_len, vocab_size=spec.vocab_size)
+    return profile_model(
+        spec.name, ModelParts(layers=layers, loss=next_token_loss, inputs=inputs), config
+    )
+
+
+def profile_model(label: str, parts: ModelParts, config: ProfilerConfig) -> ModelMeasurement:
+    """Measure every layer of ``parts`` (any model of the protocol, models/protocol.py) at each
+    of ``config.microbatch_sizes``, on inputs of the shape its first layer reads."""
     started = time.perf_counter()
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -152,19 +163,19 @@ def profile_gpt(spec: GptSpec, config: ProfilerConfig) -> ModelMeasurement:
         # A local worker is one CPU slot standing in for one GPU (runtime/actor.py): measure alike.
         torch.set_num_threads(config.threads)
     try:
-        layers = [layer.to(device) for layer in build_layers(spec, seed=config.seed)]
+        layers = [layer.to(device) for layer in parts.layers]
         owned = _owned_parameters(layers)
         clock = _Clock(device)
         updates = _update_seconds(owned, config, clock)
         by_size, methods = {}, set()
         for mbs in sorted(set(config.microbatch_sizes)):
-            by_size[mbs], method = _measure_size(spec, layers, updates, mbs, config, clock)
+            by_size[mbs], method = _measure_size(parts, layers, updates, mbs, config, clock)
             methods.add(method)
         threads = torch.get_num_threads()
     finally:
         torch.set_num_threads(threads_before)
     return ModelMeasurement(
-        model=spec.name,
+        model=label,
         device_name=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         threads=threads,
         torch_version=torch.__version__,
@@ -189,7 +200,7 @@ def _owned_parameters(layers: Sequence[nn.Module]) -> list[list[nn.Parameter]]:
 
 
 def _measure_size(
-    spec: GptSpec,
+    parts: ModelParts,
     layers: Sequence[nn.Module],
     updates: Sequence[float],
     mbs: int,
@@ -198,12 +209,12 @@ def _measure_size(
 ) -> tuple[tuple[LayerTiming, ...], str]:
     """Every layer at microbatch size ``mbs``, and how the times were taken."""
     device = next(layers[0].parameters()).device
-    generator = torch.Generator().manual_seed(config.seed + mbs)
-    ids = torch.randint(0, spec.vocab_size, (mbs, spec.seq_len + 1), generator=generator)
-    # clones: each its own storage, so the embedding keeps only its own ids for backward
-    inputs, targets = ids[:, :-1].clone().to(device), ids[:, 1:].clone().to(device)
+    inputs, targets = _random_samples(parts.inputs, mbs, seed=config.seed + mbs)
+    inputs, targets = inputs.to(device), targets.to(device)
+    loss = parts.loss
     try:
-        times, method = _in_graph_seconds(layers, inputs, targets, config, clock), "in-graph"
+        times = _in_graph_seconds(layers, inputs, targets, loss, config, clock)
+        method = "in-graph"
     except torch.cuda.OutOfMemoryError:
         torch.cuda.empty_cache()
         times, method = None, "per-layer"
@@ -211,7 +222,7 @@ def _measure_size(
     x = inputs
     for index, layer in enumerate(layers):
         last = index == len(layers) - 1
-        run = _runner(layer, x, targets if last else None)
+        run = _runner(layer, x, targets if last else None, loss)
         forward_s, backward_s = times[index] if times else _pass_seconds(run, config, clock)
         kept = _kept_bytes(run, layer)
         with torch.no_grad():
@@ -225,16 +236,30 @@ def _measure_size(
     return tuple(timings), method
 
 
+def _random_samples(inputs, mbs: int, *, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """A microbatch of the shape ``inputs`` describes (the values do not change the times)."""
+    generator = torch.Generator().manual_seed(seed)
+    if isinstance(inputs, TokenInputs):
+        ids = torch.randint(0, inputs.vocab_size, (mbs, inputs.seq_len + 1), generator=generator)
+        # clones: each its own storage, so the embedding keeps only its own ids for backward
+        return ids[:, :-1].clone(), ids[:, 1:].clone()
+    size = inputs.image_size
+    images = torch.randn((mbs, 3, size, size), generator=generator)
+    return images, torch.randint(0, inputs.num_classes, (mbs,), generator=generator)
+
+
 def _in_graph_seconds(
     layers: Sequence[nn.Module],
     inputs: torch.Tensor,
     targets: torch.Tensor,
+    loss: Callable,
     config: ProfilerConfig,
     clock: _Clock,
 ) -> list[tuple[float, float]]:
     """Per layer, the mean (forward, backward) seconds of whole-model passes."""
     runs = [
-        _chained_pass(layers, inputs, targets, clock) for _ in range(config.warmup + config.repeats)
+        _chained_pass(layers, inputs, targets, loss, clock)
+        for _ in range(config.warmup + config.repeats)
     ]
     timed = runs[config.warmup :]
     return [
@@ -247,7 +272,11 @@ def _in_graph_seconds(
 
 
 def _chained_pass(
-    layers: Sequence[nn.Module], inputs: torch.Tensor, targets: torch.Tensor, clock: _Clock
+    layers: Sequence[nn.Module],
+    inputs: torch.Tensor,
+    targets: torch.Tensor,
+    loss: Callable,
+    clock: _Clock,
 ) -> list[tuple[float, float]]:
     """One forward and backward of the layers as one graph: per layer (forward_s, backward_s)."""
     last = len(layers) - 1
@@ -260,7 +289,7 @@ def _chained_pass(
         if index < last:
             x.register_hook(lambda grad, i=index: ready.__setitem__(i, clock.stamp()))
         else:
-            x = next_token_loss(x, targets)
+            x = loss(x, targets)
         forward.append(clock.stamp())
     x.backward()
     done = clock.stamp()
@@ -274,7 +303,7 @@ def _chained_pass(
 
 
 def _runner(
-    layer: nn.Module, x: torch.Tensor, targets: torch.Tensor | None
+    layer: nn.Module, x: torch.Tensor, targets: torch.Tensor | None, loss: Callable
 ) -> Callable[[], tuple[torch.Tensor, torch.Tensor | None]]:
     """A forward of ``layer`` as in training: returns (output, gradient to start backward from)."""
     if x.is_floating_point():
@@ -283,7 +312,7 @@ def _runner(
     def run() -> tuple[torch.Tensor, torch.Tensor | None]:
         out = layer(x)
         if targets is not None:
-            return next_token_loss(out, targets), None
+            return loss(out, targets), None
         return out, torch.ones_like(out)
 
     return run

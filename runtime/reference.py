@@ -15,7 +15,9 @@ from torch import nn
 
 from runtime.data.text import ByteCorpus
 from runtime.models.gpt import build_layers, next_token_loss
+from runtime.models.protocol import TokenInputs
 from runtime.models.specs import GptSpec
+from runtime.precision import PRECISIONS, autocast
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -26,16 +28,26 @@ class TrainConfig:
     learning_rate: float = 1e-3
     weight_decay: float = 0.0
     seed: int = 0
+    optimizer: str = "adamw"  # adamw, adam or sgd
+    momentum: float = 0.0  # sgd's
+    grad_clip_norm: float | None = None  # the global gradient norm's bound (precision.py)
+    precision: str = "fp32"  # fp32, bf16-mixed or fp16-mixed (precision.py)
+    initial_loss_scale: float = 2.0**16  # fp16-mixed's first loss scale (GradScaler's default)
 
     def __post_init__(self) -> None:
         assert self.global_batch_size % self.microbatch_size == 0, "microbatches divide the batch"
+        assert self.optimizer in ("adamw", "adam", "sgd"), self.optimizer
+        assert self.precision in PRECISIONS, self.precision
 
 
 def make_optimizer(parameters, config: TrainConfig) -> torch.optim.Optimizer:
     # foreach=False: the same per-parameter update order on every worker, whatever it holds
-    return torch.optim.AdamW(
-        parameters, lr=config.learning_rate, weight_decay=config.weight_decay, foreach=False
-    )
+    common = {"lr": config.learning_rate, "weight_decay": config.weight_decay, "foreach": False}
+    if config.optimizer == "sgd":
+        return torch.optim.SGD(parameters, momentum=config.momentum, **common)
+    if config.optimizer == "adam":
+        return torch.optim.Adam(parameters, **common)
+    return torch.optim.AdamW(parameters, **common)
 
 
 def reference_losses(spec: GptSpec, corpus: ByteCorpus, config: TrainConfig) -> list[float]:
@@ -46,13 +58,25 @@ def reference_losses(spec: GptSpec, corpus: ByteCorpus, config: TrainConfig) -> 
         return corpus.samples(first, count, seq_len=spec.seq_len, seed=config.seed)
 
     layers = build_layers(spec, seed=config.seed)
-    return workload_losses(Workload(spec, layers, text, next_token_loss), config)
+    workload = Workload(
+        layers=layers,
+        samples=text,
+        loss=next_token_loss,
+        inputs=TokenInputs(seq_len=spec.seq_len, vocab_size=spec.vocab_size),
+        tied=layers[0].tokens.weight if spec.tied_embeddings else None,
+    )
+    return workload_losses(workload, config)
 
 
-def workload_losses(workload, config: TrainConfig) -> list[float]:
-    """The loss of every step of a single-process run (mean over the global batch)."""
+def workload_losses(workload, config: TrainConfig, *, skipped: list | None = None) -> list[float]:
+    """The loss of every step of a single-process run (mean over the global batch), with torch's
+    own mixed precision (autocast, GradScaler) and ``clip_grad_norm_``; ``skipped`` collects the
+    steps GradScaler skipped (fp16-mixed)."""
     model = nn.Sequential(*workload.layers)
     optimizer = make_optimizer(model.parameters(), config)
+    scaler = torch.amp.GradScaler(
+        "cpu", init_scale=config.initial_loss_scale, enabled=config.precision == "fp16-mixed"
+    )
     scale = config.microbatch_size / config.global_batch_size
     losses = []
     for step in range(config.steps):
@@ -62,9 +86,17 @@ def workload_losses(workload, config: TrainConfig) -> list[float]:
             inputs, targets = workload.samples(
                 step * config.global_batch_size + first, config.microbatch_size
             )
-            loss = workload.loss(model(inputs), targets) * scale
-            loss.backward()
+            with autocast(config.precision, None):
+                loss = workload.loss(model(inputs), targets) * scale
+            scaler.scale(loss).backward()
             total += loss.item()
-        optimizer.step()
+        scaler.unscale_(optimizer)
+        if config.grad_clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip_norm)
+        before = scaler.get_scale() if scaler.is_enabled() else None
+        scaler.step(optimizer)
+        scaler.update()
+        if skipped is not None and before is not None and scaler.get_scale() < before:
+            skipped.append(step)
         losses.append(total)
     return losses

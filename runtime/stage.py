@@ -11,6 +11,7 @@ as in the single-process reference (reference.py).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 
@@ -22,6 +23,7 @@ from runtime.comm import Comm
 from runtime.compression import CrossRegionCompressor
 from runtime.layout import Layout, LayoutError
 from runtime.memory import TensorMemory
+from runtime.precision import autocast, clip_factor, loss_scaler, squares
 from runtime.reference import TrainConfig, make_optimizer
 from runtime.workload import Workload
 
@@ -59,8 +61,10 @@ class StageRunner:
         # everywhere without a broadcast (fine for the built-in sizes the CPU runtime trains)
         start, end = layout.layers[self.stage]
         mbs = layout.microbatch_size
-        # the shape entering this stage, found by running the layers before it on the host
-        self.activation = workload.boundary(start, mbs) if self.stage > 0 else None
+        # the shape entering this stage, found by running the layers before it on the host (in
+        # the training's precision: autocast may hand on another dtype)
+        with autocast(config.precision, None):
+            self.activation = workload.boundary(start, mbs) if self.stage > 0 else None
         # the comm's device: this worker's GPU on a CUDA worker, else None (the host)
         self.device = comm.device
         self.module = nn.Sequential(*workload.layers[start:end]).to(self.device or "cpu")
@@ -87,6 +91,9 @@ class StageRunner:
             n for n, p in zip(names, self.parameters, strict=True) if not (defer and p is self.tied)
         ]
         self._tied_pending = False
+        self._tied_skip = False  # the step of the tied update in flight was skipped (fp16 inf)
+        # fp16-mixed's loss scale, else None
+        self.scaler = loss_scaler(config.precision, initial_scale=config.initial_loss_scale)
         self.state_lock = threading.Lock()  # the optimizer's update against a rescue copy
         self.applied = 0  # optimizer steps the weights hold (set again by a restore)
         self.grads_finite = True  # the last step's summed gradient held no NaN or inf
@@ -110,12 +117,11 @@ class StageRunner:
         optimizer."""
         started, waited = time.perf_counter(), dict(self.comm.wait_s)
         loss = self._step(step)
-        # one pass over the summed gradient: a NaN or inf here stops the job (the driver's
-        # divergence guard) before the step is committed or checkpointed
-        self.grads_finite = bool(torch.isfinite(self.flat_grad).all())
+        apply = self._finish_gradients()
         optimizer_start = time.perf_counter()
         with self.state_lock:  # a rescue copy (another thread) sees the weights before or after
-            self.optimizer.step()
+            if apply:
+                self.optimizer.step()
             self.applied = step + 1
         self.memory.sample()
         self.memory.step_done()
@@ -144,6 +150,8 @@ class StageRunner:
                 kept[j] = self._forward(step, j)
                 if self.last:
                     loss_sum += kept[j][1].item()
+                    if self.scaler is not None:  # fp16-mixed: the backward of the scaled loss
+                        kept[j] = (kept[j][0], kept[j][1] * self.scaler.scale)
             else:
                 self._backward(j, *kept.pop(j))
             if self.slowdown > 1.0:
@@ -185,6 +193,7 @@ class StageRunner:
             "torch_rng": torch.random.get_rng_state(),
             "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device else None,
             "compression": self.compressor.state_dict() if self.compressor else None,
+            "scaler": self.scaler.state_dict() if self.scaler else None,
         }
 
     def load_state_dict(self, state: dict) -> None:
@@ -203,6 +212,8 @@ class StageRunner:
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
         if self.compressor is not None and state.get("compression"):
             self.compressor.load_state_dict(state["compression"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
 
     def load_resharded(self, states: list[dict]) -> None:
         """Take this stage's layers from the states of another layout's stages (reshard.py)."""
@@ -213,6 +224,8 @@ class StageRunner:
         if self.tied_optimizer is not None:
             reshard.load_optimizer(self.tied_optimizer, [reshard.TIED], optimizer_states)
         torch.random.set_rng_state(states[0]["torch_rng"])
+        if self.scaler is not None and states[0].get("scaler"):
+            self.scaler.load_state_dict(states[0]["scaler"])  # every stage kept the same
 
     def _samples(self, step: int, j: int) -> tuple[torch.Tensor, torch.Tensor]:
         mbs = self.layout.microbatch_size
@@ -232,10 +245,11 @@ class StageRunner:
             inputs = self.comm.recv(shape, dtype, source, phase="p2p_forward")
             inputs.requires_grad_()
             self._release_gradients(source, j)
-        outputs = self.module(inputs)
-        if self.last:
-            scale = layout.microbatch_size / self.config.global_batch_size
-            return inputs, self.workload.loss(outputs, self._samples(step, j)[1]) * scale
+        with autocast(self.config.precision, self.device):
+            outputs = self.module(inputs)
+            if self.last:
+                scale = layout.microbatch_size / self.config.global_batch_size
+                return inputs, self.workload.loss(outputs, self._samples(step, j)[1]) * scale
         self._sent_forward[j] = self.comm.send(
             outputs.detach(), layout.rank(self.stage + 1, self.replica)
         )
@@ -290,7 +304,43 @@ class StageRunner:
             self._tied_pending = True
         else:
             grad += self.comm.recv(tuple(grad.shape), grad.dtype, pipeline[-1], phase="tied_sync")
-            self.comm.send(grad.clone(), pipeline[-1])
+
+    def _finish_gradients(self) -> bool:
+        """Unscale (fp16-mixed) and clip the summed gradient over the whole pipeline; hand the
+        tied weight's final gradient to the last stage; whether to apply the step (fp16-mixed
+        skips one whose gradient holds an inf or a NaN anywhere)."""
+        clip = self.config.grad_clip_norm
+        found_inf = False
+        if self.scaler is not None or clip is not None:
+            found_inf, factor = self._global_factor(clip)
+            if not found_inf and factor != 1.0:
+                self.flat_grad.mul_(factor)
+        if self.scaler is not None:
+            self.scaler.update(found_inf=found_inf)
+            self.grads_finite = True  # an inf is the scaler's to skip, not the job's to stop
+        else:
+            # a NaN or inf stops the job (the driver's divergence guard) before the step is
+            # committed or checkpointed
+            self.grads_finite = bool(torch.isfinite(self.flat_grad).all())
+        if self.tied is not None:
+            if self.first:  # the sum, unscaled and clipped like every other gradient
+                self.comm.send(self.tied.grad.clone(), self.layout.pipeline(self.replica)[-1])
+            else:
+                self._tied_skip = found_inf
+        return not found_inf
+
+    def _global_factor(self, clip: float | None) -> tuple[bool, float]:
+        """(an inf or NaN somewhere, the factor to scale the summed gradient by), from one
+        all-reduce of the pipeline's sums of squares; the last stage's copy of the tied weight
+        holds its share only (the first stage's holds the sum) and is not counted."""
+        grads = [p.grad for p in self.parameters if not (self.last and p is self.tied)]
+        total = squares(grads).to(self.flat_grad.device)
+        self.comm.all_reduce(total, self.layout.pipeline(self.replica))
+        value = float(total.item())
+        if not math.isfinite(value):
+            return True, 1.0
+        scale = self.scaler.scale if self.scaler is not None else 1.0
+        return False, clip_factor(value, scale=scale, max_norm=clip)
 
     def flush_tied(self) -> None:
         """Apply the tied weight's update the first stage sent, if one is still to come."""
@@ -298,7 +348,8 @@ class StageRunner:
             return
         grad, first = self.tied.grad, self.layout.pipeline(self.replica)[0]
         grad.copy_(self.comm.recv(tuple(grad.shape), grad.dtype, first, phase="tied_sync"))
-        self.tied_optimizer.step()
+        if not self._tied_skip:
+            self.tied_optimizer.step()
         self._tied_pending = False
 
     def close(self) -> None:

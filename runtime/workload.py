@@ -1,8 +1,8 @@
-"""What a worker trains: a built-in model's layers, its samples and its loss, by model family.
+"""What a worker trains: a model's layers and loss (models/protocol.py) and the samples it reads.
 
-GPT decoders read the byte corpus (data/text.py) and predict the next byte; CNNs classify synthetic
-images (data/images.py). Sample ``k`` of a run depends only on the seed and ``k`` for both, so any
-stage of any replica can draw its own inputs or targets.
+Token models read the byte corpus (data/text.py) and predict the next byte; image models classify
+synthetic images (data/images.py). Sample ``k`` of a run depends only on the seed and ``k`` for
+both, so any stage of any replica can draw its own inputs or targets.
 """
 
 from __future__ import annotations
@@ -13,22 +13,24 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from runtime.models.specs import CnnSpec, GptSpec, model_spec
+from runtime.models.protocol import (
+    ImageInputs,
+    ModelError,
+    ModelParts,
+    ModelSource,
+    TokenInputs,
+    build_model,
+    builtin,
+)
 
 
 @dataclass
 class Workload:
-    spec: GptSpec | CnnSpec
     layers: list[nn.Module]
     samples: Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]  # (first, count) -> (x, y)
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # mean over the microbatch
-
-    @property
-    def tied(self) -> nn.Parameter | None:
-        """A weight the first and last layer share (tied GPT embeddings), if any."""
-        if isinstance(self.spec, GptSpec) and self.spec.tied_embeddings:
-            return self.layers[0].tokens.weight
-        return None
+    inputs: TokenInputs | ImageInputs
+    tied: nn.Parameter | None = None  # a weight the first and last layer share, if any
 
     def boundary(self, layer: int, microbatch_size: int) -> tuple[tuple[int, ...], torch.dtype]:
         """Shape and dtype of the activation entering ``layer`` for one microbatch."""
@@ -39,21 +41,35 @@ class Workload:
         return tuple(x.shape), x.dtype
 
 
-def build_workload(model: str, *, seed: int, corpus_bytes: int = 2**20) -> Workload:
-    spec = model_spec(model)
-    if isinstance(spec, GptSpec):
-        from runtime.data.text import ByteCorpus
-        from runtime.models.gpt import build_layers, next_token_loss
+def build_workload(model: ModelSource | str, *, seed: int, corpus_bytes: int = 2**20) -> Workload:
+    """The model (a source, or a built-in model's name) with the samples its inputs ask for."""
+    source = builtin(model) if isinstance(model, str) else model
+    parts = build_model(source, seed=seed)
+    return Workload(
+        layers=parts.layers,
+        samples=_samples(parts, seed=seed, corpus_bytes=corpus_bytes, label=source.label),
+        loss=parts.loss,
+        inputs=parts.inputs,
+        tied=parts.tied,
+    )
 
+
+def _samples(parts: ModelParts, *, seed: int, corpus_bytes: int, label: str):
+    inputs = parts.inputs
+    if isinstance(inputs, TokenInputs):
+        from runtime.data.text import ByteCorpus
+
+        if inputs.vocab_size < 256:
+            raise ModelError(
+                f"model {label} has a vocabulary of {inputs.vocab_size}; the built-in text is "
+                "bytes (256 token ids): give it a vocabulary of at least 256, or token data"
+            )
         corpus = ByteCorpus.stdlib(max_bytes=corpus_bytes)
 
         def text(first: int, count: int):
-            return corpus.samples(first, count, seq_len=spec.seq_len, seed=seed)
+            return corpus.samples(first, count, seq_len=inputs.seq_len, seed=seed)
 
-        return Workload(spec, build_layers(spec, seed=seed), text, next_token_loss)
+        return text
     from runtime.data.images import SyntheticImages
-    from runtime.models.cnn import build_layers as build_cnn
-    from runtime.models.cnn import classification_loss
 
-    images = SyntheticImages(spec.num_classes, spec.image_size, seed)
-    return Workload(spec, build_cnn(spec, seed=seed), images.samples, classification_loss)
+    return SyntheticImages(inputs.num_classes, inputs.image_size, seed).samples

@@ -24,7 +24,8 @@ from orchestrator.profiles.profile import (
     profile_to_json,
 )
 from orchestrator.recipe import Recipe, load_recipe
-from runtime.models.specs import ModelSpec, model_spec
+from orchestrator.recipe.models import spec_of
+from runtime.models.specs import ModelSpec
 
 if TYPE_CHECKING:  # for annotations only: importing runtime.profiler imports torch
     from runtime.profiler import ModelMeasurement, ProfilerConfig
@@ -120,7 +121,7 @@ def run_profile(args: argparse.Namespace, catalog: Catalog) -> int:
 
 
 def _profilable_spec(recipe: Recipe) -> ModelSpec:
-    spec = model_spec(recipe.model.name)
+    spec = spec_of(recipe.model)
     if spec.family != "gpt":
         raise UserError(
             f"the profiler measures built-in GPT models only; {spec.name} is a {spec.family.upper()}",

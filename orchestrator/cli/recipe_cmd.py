@@ -9,7 +9,7 @@ from pathlib import Path
 from orchestrator.catalog import Catalog
 from orchestrator.cli.output import format_table, print_json
 from orchestrator.recipe import Recipe, load_recipe
-from runtime.models.specs import model_spec
+from orchestrator.recipe.models import spec_of
 
 
 def add_validate(commands: argparse._SubParsersAction, formatter: type) -> None:
@@ -39,7 +39,7 @@ def run_validate(args: argparse.Namespace, catalog: Catalog) -> int:
     if args.json:
         print_json({"valid": True, "recipe": _recipe_json(recipe), "matching_offers": len(offers)})
         return 0
-    spec = model_spec(recipe.model.name)
+    spec = spec_of(recipe.model)
     t = recipe.training
     rows = [
         ("name", recipe.name),

@@ -545,6 +545,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ["RAY_DISABLE_FAILURE_SIGNAL_HANDLER"] = "1"
     if args.provider == "aws":
         os.environ.setdefault("AWS_DEFAULT_REGION", args.region)
+        # the instance role's keys come from the metadata service, which boto3 asks once with a
+        # 1 s timeout: a busy host (a fresh VM still booting its services) misses that
+        os.environ.setdefault("AWS_METADATA_SERVICE_TIMEOUT", "5")
+        os.environ.setdefault("AWS_METADATA_SERVICE_NUM_ATTEMPTS", "3")
     hosted = Hosted(
         provider=args.provider,
         region=args.region,

@@ -185,12 +185,6 @@ def prepare(
     recipe = absolute_paths(measured_here(recipe, folder))
     (folder / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier run
     signing_key(folder)  # made now, in the submitting user's folder, with its owner's rights
-    if recipe.training.optimizer.grad_clip_norm is not None:
-        print(
-            "note: the runtime does not clip gradients yet: training runs without "
-            f"grad_clip_norm {recipe.training.optimizer.grad_clip_norm} (write null to silence this)",
-            file=sys.stderr,
-        )
     store = StateStore(folder)
     store.save(
         _state(store, folder.name, recipe_path, from_scratch=options.from_scratch).evolve(

@@ -204,6 +204,9 @@ def _watch(folder: Path, options: RunOptions, *, running, sync, relaunch, log_hi
 
     store, pause = StateStore(folder), threading.Event()
     shown, lost_in_a_row, last_step = -1, 0, -1
+    # the state's version when a controller was relaunched: a final phase saved before then is
+    # the last controller's (a leave whose mark the relaunch cleared), not the job's end
+    relaunched_at: int | None = None
 
     def synced() -> None:
         try:
@@ -222,7 +225,8 @@ def _watch(folder: Path, options: RunOptions, *, running, sync, relaunch, log_hi
         if not running():
             synced()
             state = store.load().state  # its last word
-            if state.phase in FINAL and not (folder / LEAVE_FILE).exists():
+            saved_since = relaunched_at is None or state.version > relaunched_at
+            if state.phase in FINAL and saved_since and not (folder / LEAVE_FILE).exists():
                 return state
             lost_in_a_row = lost_in_a_row + 1 if state.step <= last_step else 1
             last_step = state.step
@@ -239,6 +243,7 @@ def _watch(folder: Path, options: RunOptions, *, running, sync, relaunch, log_hi
                 file=sys.stderr,
             )
             relaunch()
+            relaunched_at = state.version
         pause.wait(FOLLOW_S)
 
 

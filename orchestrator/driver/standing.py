@@ -113,6 +113,16 @@ def start(provider: str, *, refusals: tuple[tuple[str, str], ...] = ()) -> Regis
     import select
 
     folder = emulation_home(provider)
+    elsewhere = _standing_elsewhere(provider)
+    if elsewhere:
+        # its simulated internet has one set of names per machine: a second would sweep it
+        raise UserError(
+            f"an emulated {provider} cloud of another home already runs on this machine "
+            f"({len(elsewhere)} of its namespaces are in use, e.g. {elsewhere[0]})",
+            file=str(folder.parent),
+            fix="use that home (GEO_ORCHESTRATOR_HOME), or take its cloud down there with "
+            f"`python -m orchestrator emulate down {provider}`",
+        )
     folder.mkdir(parents=True, exist_ok=True, mode=0o700)
     argv = [sys.executable, "-m", "orchestrator.driver.standing", "serve", provider]
     for place, kind in refusals:
@@ -140,6 +150,15 @@ def start(provider: str, *, refusals: tuple[tuple[str, str], ...] = ()) -> Regis
     registration = find(provider)
     assert registration is not None, "the daemon said it serves"
     return registration
+
+
+def _standing_elsewhere(provider: str) -> list[str]:
+    """The namespaces of ``provider``'s emulated internet that processes still use: another
+    home's standing cloud (a crashed one's empty namespaces are swept when the next one starts)."""
+    from provisioners.local import netns, reaper
+
+    mine = netns.prefix(f"emulated-{provider}")
+    return [n for n in netns.namespaces() if n.startswith(mine) and reaper.namespace_pids(n)]
 
 
 def stop(provider: str, *, timeout_s: float = 60.0) -> bool:

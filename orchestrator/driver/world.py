@@ -39,6 +39,7 @@ from orchestrator.driver.straggler import pipeline_seconds
 from orchestrator.errors import UserError
 from orchestrator.market import convert_offers
 from orchestrator.plan import Plan
+from orchestrator.recipe.models import model_label, model_source, spec_of
 from orchestrator.recipe.schema import Recipe
 from provisioners.base import (
     CapacityError,
@@ -266,7 +267,7 @@ class RuntimeTrainer:
         places = tuple(sorted({r.infra for stage in plan.stages for r in stage.replicas}))
         return layout_from_plan(
             plan,
-            model=self.recipe.model.name,
+            model=model_label(self.recipe.model),
             devices=place_devices(places),
             network=self.network,
         )
@@ -286,6 +287,10 @@ class RuntimeTrainer:
             learning_rate=training.optimizer.lr,
             weight_decay=training.optimizer.weight_decay,
             seed=training.seed,
+            optimizer=training.optimizer.name,
+            momentum=training.optimizer.momentum,
+            grad_clip_norm=training.optimizer.grad_clip_norm,
+            precision=training.precision,
         )
         self._sent, self._healthy, self._unreadable = {}, True, ()
         check_space(self.checkpoint_url, layout, self.recipe)  # a full disk: say so before training
@@ -297,7 +302,14 @@ class RuntimeTrainer:
             nodes = self._last_nodes if same_nodes else None
             if nodes is not None and len(nodes) != layout.world_size:
                 nodes = None  # another shape: no rank has a node of its own to go back to
-            self.group = WorkerGroup.start(layout, config, timeout_s=120.0, name=name, nodes=nodes)
+            self.group = WorkerGroup.start(
+                layout,
+                config,
+                timeout_s=120.0,
+                name=name,
+                nodes=nodes,
+                model=model_source(self.recipe.model),
+            )
             self._last_nodes = tuple(self.group.nodes)
         except WorkerPlacementError as error:
             self._healthy = False
@@ -509,15 +521,13 @@ def check_space(url: str, layout, recipe: Recipe) -> None:
     being written): said before training rather than at the first write."""
     import shutil
 
-    from runtime.models.specs import model_spec
-
     if "://" in url:
         return  # object stores have no free-space figure to read
     folder = Path(url)
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent
     # weights and two Adam moments in fp32, per worker of every stage (each replica writes its own)
-    spec = model_spec(recipe.model.name)
+    spec = spec_of(recipe.model)
     per_replica = spec.parameter_count() * 4 * 3
     replicas = layout.world_size / max(1, layout.num_stages)
     need = per_replica * replicas * (recipe.checkpointing.keep_last + 1)

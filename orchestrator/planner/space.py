@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from orchestrator.catalog import Catalog, Location, OfferTable
 from orchestrator.errors import UserError
 from orchestrator.recipe import Recipe
-from runtime.models.specs import model_spec
+from orchestrator.recipe.models import spec_of
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def build_space(
             field="constraints",
             fix="allow more locations or GPU types (python -m orchestrator validate RECIPE says which)",
         )
-    spec = model_spec(recipe.model.name)
+    spec = spec_of(recipe.model)
     layers = num_layers or spec.num_layers
     tp_degrees = tuple(sorted(recipe.parallelism.tensor_parallel if spec.family == "gpt" else (1,)))
     t = recipe.training

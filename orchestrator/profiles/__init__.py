@@ -16,6 +16,7 @@ from orchestrator.profiles.analytic import AnalyticSettings, analytic_profile, u
 from orchestrator.profiles.profile import ModelProfile, load_profile_json
 from orchestrator.profiles.sailor import import_sailor, sailor_gpus
 from orchestrator.recipe import Recipe
+from orchestrator.recipe.models import model_label, spec_of
 from runtime.models.specs import model_spec
 
 __all__ = ["ModelProfile", "analytic_settings", "profile_for_recipe", "sailor_profile"]
@@ -57,13 +58,13 @@ def profile_for_recipe(
 ) -> ModelProfile:
     """The profile of the recipe's model on ``gpus`` (catalog names)."""
     gpus = sorted(set(gpus))
-    spec = model_spec(recipe.model.name)
+    spec, label = spec_of(recipe.model), model_label(recipe.model)
     mode = recipe.model.profile
     if mode not in ("auto", "analytic", "sailor"):
         profile = load_profile_json(Path(mode))
-        if profile.model != recipe.model.name:
+        if profile.model != label:
             raise UserError(
-                f"profile {mode} is of {profile.model}; the recipe trains {recipe.model.name}",
+                f"profile {mode} is of {profile.model}; the recipe trains {label}",
                 field="model.profile",
                 fix=f"profile this model: python -m orchestrator profile RECIPE -o {mode}",
             )

@@ -7,19 +7,21 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from orchestrator.profiles.profile import GpuProfile, LayerTable, ModelProfile, TimeTable
-from runtime.models.specs import model_spec
+from runtime.models.specs import ModelSpec, model_spec
 
 if TYPE_CHECKING:  # for annotations only: importing runtime.profiler imports torch
     from runtime.profiler import ModelMeasurement
 
 
-def measured_profile(measurement: ModelMeasurement, *, gpu: str, precision: str) -> ModelProfile:
+def measured_profile(
+    measurement: ModelMeasurement, *, gpu: str, precision: str, spec: ModelSpec | None = None
+) -> ModelProfile:
     """A ``runtime.profiler.ModelMeasurement`` as a one-GPU profile with source ``measured``.
 
     Sizes are per sample: elements sent on from the largest microbatch (they scale exactly), bytes
     kept for backward as the largest per-sample figure over the sizes measured (fixed costs
     such as position ids weigh most on small microbatches; the larger figure keeps the simulator's
-    OOM verdict on the safe side)."""
+    OOM verdict on the safe side). ``spec``: the model's shape, for a model that is not built in."""
     by_size = measurement.layers
     largest = max(by_size)
     num_layers = len(measurement.params)
@@ -41,7 +43,7 @@ def measured_profile(measurement: ModelMeasurement, *, gpu: str, precision: str)
         for mbs, layers in sorted(by_size.items())
     }
     gpu_profile = GpuProfile(gpu, "measured", _origin(measurement, gpu), times)
-    spec = model_spec(measurement.model)
+    spec = spec or model_spec(measurement.model)
     return ModelProfile(
         measurement.model,
         precision,

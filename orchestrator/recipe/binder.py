@@ -25,6 +25,18 @@ MAX_NAME_GUESS = 100  # characters of a bad choice compared with the choices
 _TYPE_WORDS = {int: "a whole number", float: "a number", str: "text", bool: "true or false"}
 
 
+MAX_SETTINGS = 64  # keys of a settings mapping (a model's arguments, a config's fields)
+
+
+class Settings(tuple):
+    """A mapping of names to plain values (numbers, text, true/false, null, lists of those) that
+    the code reading it interprets (a model's arguments): ``((key, value), ...)``, hashable, as
+    every recipe field is."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in self}
+
+
 def describe(value: Any) -> str:
     """How a YAML value reads to the user: ``'abc' (text)``, ``[1, 2] (a list)``; long values
     are cut, so that an error never echoes a megabyte back."""
@@ -147,11 +159,40 @@ class Binder:
             return self.bind_value(inner, value, path, meta)
         if dataclasses.is_dataclass(hint):
             return self.bind_dataclass(hint, value, path)
+        if hint is Settings:
+            return self._settings(value, path, meta)
         if origin is Literal:
             return self._choice(args, value, path)
         if origin is tuple:
             return self._list(args[0], value, path, meta)
         return self._scalar(hint, value, path, meta)
+
+    def _settings(self, value: Any, path: Path_, meta: Mapping[str, Any]) -> Settings:
+        help_text = meta.get("help")
+        if not isinstance(value, dict):
+            self.fail(
+                path, f"expected a mapping of names to values, got {describe(value)}", help_text
+            )
+        if len(value) > MAX_SETTINGS:
+            self.fail(path, f"{len(value):,} keys; at most {MAX_SETTINGS} are allowed", help_text)
+        pairs = []
+        for key, item in value.items():
+            if not isinstance(key, str) or not key.isidentifier():
+                self.fail(path, f"key {describe(key)} is not a name", "write names such as n_layer")
+            plain = (bool, int, float, str, type(None))
+            if isinstance(item, list) and all(isinstance(i, plain) for i in item):
+                item = tuple(item[:MAX_LIST_ITEMS])
+            elif not isinstance(item, plain):
+                self.fail(
+                    path + (key,),
+                    f"expected a number, text, true/false, null or a list of those, got "
+                    f"{describe(item)}",
+                    help_text,
+                )
+            if isinstance(item, str):
+                self._check_text(item, path + (key,), meta)
+            pairs.append((key, item))
+        return Settings(pairs)
 
     def _choice(self, choices: tuple[str, ...], value: Any, path: Path_) -> str:
         if isinstance(value, str) and value in choices:

@@ -18,6 +18,7 @@ from orchestrator.catalog import PROVIDER_CLOUDS, Catalog, Location, OfferTable
 from orchestrator.errors import CatalogError, RecipeError, UserError
 from orchestrator.names import default_job_name, job_name_problem
 from orchestrator.recipe.limits import MAX_STREAMS, MAX_TENSOR_PARALLEL
+from orchestrator.recipe.models import spec_of
 from orchestrator.recipe.schema import Recipe
 from orchestrator.yamlsrc import Path_, YamlDoc, file_problem, path_text
 from runtime.models.specs import BUILTIN_MODELS, ModelSpec
@@ -116,6 +117,23 @@ def _check_name(c: Checker) -> None:
 
 def _check_model(c: Checker) -> ModelSpec | None:
     model = c.recipe.model
+    named = [k for k in ("name", "hf", "module") if getattr(model, k)]
+    if len(named) != 1:
+        c.error(
+            ("model",),
+            "the model is named " + (" and ".join(named) if named else "by none of them"),
+            "write exactly one of name: (a built-in model), hf: (a Hugging Face family) or "
+            "module: (your build function)",
+        )
+        return None
+    if model.config and not model.hf or model.weights and not model.hf:
+        c.error(
+            ("model", "config" if model.config else "weights"), "is for hf: models", "remove it"
+        )
+    if model.args and not model.module:
+        c.error(("model", "args"), "is for module: models", "remove it, or write module:")
+    if not model.name:
+        return _check_own_model(c, model)
     spec = BUILTIN_MODELS.get(model.name)
     if spec is None:
         close = difflib.get_close_matches(model.name, list(BUILTIN_MODELS), n=1, cutoff=0.5)
@@ -125,6 +143,33 @@ def _check_model(c: Checker) -> ModelSpec | None:
             f"use a built-in model: {', '.join(BUILTIN_MODELS)}",
         )
         return None
+    return _check_profile(c, spec)
+
+
+def _check_own_model(c: Checker, model) -> ModelSpec | None:
+    """A Hugging Face or a user's model: its shape from its config (hf), or measured (module)."""
+    if model.module and ":" not in model.module:
+        c.error(
+            ("model", "module"),
+            f"'{model.module}' names no function",
+            "write 'package.module:function'",
+        )
+    if model.profile in ("sailor",):
+        c.error(
+            ("model", "profile"), "SAILOR published no profile of this model", "use profile: auto"
+        )
+    try:
+        spec = spec_of(model)
+    except UserError as error:
+        c.error(
+            tuple(error.field.split(".")) if error.field else ("model",), error.message, error.fix
+        )
+        return None
+    return _check_profile(c, spec)
+
+
+def _check_profile(c: Checker, spec: ModelSpec) -> ModelSpec:
+    model = c.recipe.model
     profile = model.profile
     if profile == "sailor" and getattr(spec, "sailor_name", None) is None:
         with_sailor = [n for n, s in BUILTIN_MODELS.items() if getattr(s, "sailor_name", None)]

@@ -12,16 +12,39 @@ from dataclasses import dataclass
 from typing import Literal
 
 from orchestrator.recipe import limits as L
-from orchestrator.recipe.binder import described
+from orchestrator.recipe.binder import Settings, described
 
 _help = described  # a field with its "what to write" and its limits
 
 
 @dataclass(frozen=True, kw_only=True)
 class ModelConfig:
-    name: str = _help(
-        "a built-in model, e.g. gpt-tiny, opt-350m, gpt-neo-2.7b (python -m orchestrator catalog models)"
+    """One of ``name`` (built in), ``hf`` (a Hugging Face family built from ``config``) or
+    ``module`` (the user's build function, called with ``args``): runtime/models/protocol.py."""
+
+    name: str | None = _help(
+        "a built-in model, e.g. gpt-tiny, opt-350m, gpt-neo-2.7b (python -m orchestrator catalog "
+        "models); or write hf: or module: instead",
+        default=None,
     )
+    hf: str | None = _help(
+        "a Hugging Face model family built from its config class, offline: gpt2", default=None
+    )
+    config: Settings = _help(
+        "hf: the config class's fields, e.g. {n_layer: 4, n_embd: 128, n_head: 4}",
+        default=Settings(),
+    )
+    weights: str | None = _help(
+        "hf: a folder or s3://bucket/prefix with the model's config.json and weights, or null "
+        "(weights initialised from training.seed)",
+        default=None,
+    )
+    module: str | None = _help(
+        "your model: 'package.module:function' returning runtime.models.protocol.ModelParts, "
+        "importable from the recipe's folder (docs/models.md)",
+        default=None,
+    )
+    args: Settings = _help("module: keyword arguments of the function", default=Settings())
     profile: str = _help(
         "where per-layer times come from: auto, analytic, sailor, or a path to a profile .json",
         default="auto",

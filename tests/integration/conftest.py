@@ -37,6 +37,7 @@ MACHINE = frozenset(
         "test_orphans",
         "test_overlay",
         "test_runtime_failures",
+        "test_runtime_models",
         "test_runtime_takeover",
         "test_runtime_training",
         "test_straggler",
@@ -78,9 +79,9 @@ def s3_env(monkeypatch):
 
 
 @contextmanager
-def local_ray(*, num_cpus: int, resources: dict[str, float]) -> Iterator:
+def local_ray(*, num_cpus: int, resources: dict[str, float], runtime_env=None) -> Iterator:
     """A Ray cluster of its own on this machine (never one another process started), shut down
-    after use; yields the ``ray`` module."""
+    after use; yields the ``ray`` module. ``runtime_env``: the job's (its actors inherit it)."""
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -90,6 +91,7 @@ def local_ray(*, num_cpus: int, resources: dict[str, float]) -> Iterator:
         resources=resources,
         include_dashboard=False,
         log_to_driver=False,
+        runtime_env=runtime_env,
     )
     try:
         yield ray

@@ -179,11 +179,22 @@ def test_the_job_outlives_its_controller_and_its_submitter(tmp_path, monkeypatch
 
         # the controller powers its VM off once it has pushed its last state
         _until("no VM left", lambda: left_running() == [], timeout_s=60.0)
+    except AssertionError:
+        _show_logs(tmp_path / "submit.err", home / "emulated" / provider / "daemon.log")
+        raise
     finally:
         if submit.poll() is None:
             submit.kill()
         _cli(env, "emulate", "down", provider, check=False)
     assert [n for n in netns.namespaces() if f"emulated-{provider}" in n] == []
+
+
+def _show_logs(*paths: Path, lines: int = 40) -> None:
+    """The tails of the submitter's and the standing cloud's logs, for a failure's report."""
+    for path in paths:
+        text = path.read_text(errors="replace") if path.exists() else "(none)"
+        tail = "\n".join(text.splitlines()[-lines:])
+        print(f"--- {path.name} (last {lines} lines)\n{tail}", file=sys.stderr)
 
 
 def _catalog_spot(location: str, instance_type: str) -> float:

@@ -150,6 +150,43 @@ def test_two_stages_by_two_replicas_over_20_steps_match_the_single_process_run(r
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"grad_clip_norm": 0.5, "optimizer": "sgd", "momentum": 0.9, "learning_rate": 0.05},
+        {"grad_clip_norm": 0.5, "precision": "bf16-mixed"},
+        # a first scale that overflows: GradScaler skips steps 0 and 3 of the reference
+        {"precision": "fp16-mixed", "initial_loss_scale": 2.0**20},
+    ],
+    ids=["clip-sgd", "bf16-clip", "fp16-skips"],
+)
+def test_clipping_and_mixed_precision_match_torchs_own_in_one_process(ray_cluster, options):
+    """2 stages x 2 replicas (tied weight on both ends) against one process running torch's
+    ``clip_grad_norm_``, autocast and GradScaler: the global norm spans every stage and replica
+    (the tied weight once), and fp16's skipped steps are skipped by every worker alike."""
+    import dataclasses
+
+    from runtime.group import WorkerGroup
+    from runtime.reference import workload_losses
+    from runtime.workload import build_workload
+
+    config = dataclasses.replace(CONFIG, **options)
+    skipped: list[int] = []
+    workload = build_workload("gpt-tiny", seed=config.seed, corpus_bytes=CORPUS_BYTES)
+    want = workload_losses(workload, config, skipped=skipped)
+    layout = layout_from_plan(_plan([(0, 3), (3, 6)], [A1, B1]), model="gpt-tiny")
+    group = WorkerGroup.start(layout, config, corpus_bytes=CORPUS_BYTES)
+    try:
+        got = [group.step(step) for step in range(config.steps)]
+    finally:
+        group.shutdown()
+    if config.precision == "fp16-mixed":
+        assert skipped == [0, 3]  # the case tests what it says
+    relative = [abs(g - w) / w for g, w in zip(got, want, strict=True)]
+    assert max(relative) <= 1e-5, (relative, got, want)
+
+
+@pytest.mark.integration
 def test_a_layout_the_cluster_cannot_hold_fails_fast_and_says_why(ray_cluster):
     from runtime.group import WorkerGroup, WorkerPlacementError
 

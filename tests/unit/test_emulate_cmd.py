@@ -37,3 +37,18 @@ def test_with_nothing_standing_list_and_down_say_so(home, capsys):
     assert "no emulated gcp stands" in capsys.readouterr().out
     assert main(["emulate", "kill-controller", "azure", "--job", "j"]) == 2
     assert "no emulated azure stands" in capsys.readouterr().err
+
+
+def test_a_cloud_another_home_stands_is_not_swept_by_a_second_one(home, monkeypatch, capsys):
+    """One emulated internet per provider and machine: a second home's ``up`` refuses (its
+    start would sweep the namespaces the first one's VMs and API run in)."""
+    from provisioners.local import netns, reaper, vms
+
+    monkeypatch.setattr(vms, "unsupported_reason", lambda: None)
+    taken = ["geo+emulated-aws+inet", "geo+emulated-aws+aws-api"]
+    monkeypatch.setattr(netns, "namespaces", lambda: ["geo+other-job+inet", *taken])
+    monkeypatch.setattr(reaper, "namespace_pids", lambda name: {4242} if name in taken else set())
+    assert main(["emulate", "up", "aws"]) == 2
+    err = capsys.readouterr().err
+    assert "another home already runs" in err and "emulate down aws" in err
+    assert not (home / "emulated" / "aws").exists()  # nothing started

@@ -168,7 +168,7 @@ def test_a_cnn_is_refused_without_traceback():
 def test_layers_timed_in_one_graph_add_up_to_a_whole_pass() -> None:
     """The in-place stamps split one pass: their sum is that pass's forward and backward, and each
     layer gets a positive share (no hook missed, none counted twice)."""
-    from runtime.models.gpt import build_layers
+    from runtime.models.gpt import build_layers, next_token_loss
     from runtime.profiler import _chained_pass, _Clock
 
     torch.manual_seed(0)
@@ -176,7 +176,7 @@ def test_layers_timed_in_one_graph_add_up_to_a_whole_pass() -> None:
     ids = torch.randint(0, SPEC.vocab_size, (2, SPEC.seq_len + 1))
     clock = _Clock(torch.device("cpu"))
     started = time.perf_counter()
-    times = _chained_pass(layers, ids[:, :-1], ids[:, 1:], clock)
+    times = _chained_pass(layers, ids[:, :-1], ids[:, 1:], next_token_loss, clock)
     elapsed = time.perf_counter() - started
     assert len(times) == len(layers)
     assert all(f > 0 and b > 0 for f, b in times)

@@ -105,3 +105,20 @@ def test_controllers_that_end_in_a_row_without_progress_are_not_booted_forever(f
     run, _ = follow
     with pytest.raises(UserError, match="controller VMs in a row ended with no step committed"):
         run([("off", None)] * (remote.MAX_RELAUNCHES + 1))
+
+
+def test_a_leave_is_not_the_end_until_the_relaunched_controller_has_saved(follow):
+    """The relaunch clears the leave mark; the new controller may end (or not be listed yet)
+    before it saved anything: the old controller's ``stopped`` is still no end of the job."""
+    run, folder = follow
+    (folder / LEAVE_FILE).write_text("the controller VM shuts down\n")
+
+    def relaunched(cloud):
+        (folder / LEAVE_FILE).unlink(missing_ok=True)  # what the launch does in the bucket
+        if cloud.launches == 1:  # the first new controller ends before its first save
+            cloud.script.append(("off", None))
+        else:  # the second one resumes and the job ends
+            cloud.script.append(("off", {"phase": "done", "step": 50}))
+
+    final, launches = run([("off", {"phase": "stopped", "step": 12})], on_launch=relaunched)
+    assert launches == 2 and final.phase == "done"

@@ -1,0 +1,154 @@
+"""The model protocol: how any PyTorch model reaches the runtime, built-in ones included.
+
+A model is a function ``build(*, seed, **args) -> ModelParts``: its layers in order (a pipeline
+may cut between any two), its loss, and what its first layer reads. ``seed`` must decide the
+initial weights: every worker builds the whole model with the same seed and keeps its stage's
+layers, so all replicas start equal with no broadcast. docs/models.md has a worked example.
+
+- ``layers``: ``nn.Module`` objects, each mapping one tensor to the next (the first takes the
+  samples' inputs, the last's output goes to ``loss``). A layer that returns a tuple (as Hugging
+  Face blocks do) must be wrapped to return its hidden states only.
+- ``loss(output, targets)``: the mean loss of a microbatch, a scalar tensor.
+- ``inputs``: ``TokenInputs(seq_len, vocab_size)`` (token ids in, next-token targets) or
+  ``ImageInputs(image_size, num_classes)``; the job's data source is checked against it.
+- ``tied``: a parameter the first and the last layer share (tied input and output embeddings),
+  or None. Pipelines that put them on different stages keep the two copies equal.
+
+A recipe names a model three ways (``ModelSource``): a built-in one (``name``), the user's
+function (``module: "my_pkg.model:build"`` with ``args``), or a Hugging Face causal LM built from
+its config class (``hf: gpt2`` with ``config``; models/hf.py).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True, kw_only=True)
+class TokenInputs:
+    """Token ids ``(batch, seq_len)`` in, each below ``vocab_size``; targets the same shape."""
+
+    seq_len: int
+    vocab_size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageInputs:
+    """Images ``(batch, 3, image_size, image_size)`` in, class ids ``(batch,)`` as targets."""
+
+    image_size: int
+    num_classes: int
+
+
+@dataclass(kw_only=True)
+class ModelParts:
+    """What a model's build function returns (see the module's docstring)."""
+
+    layers: list[nn.Module]
+    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    inputs: TokenInputs | ImageInputs
+    tied: nn.Parameter | None = None
+
+    def __post_init__(self) -> None:
+        self.layers = list(self.layers)
+
+
+class ModelError(ValueError):
+    """A model source that cannot be built: names it and what to do."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelSource:
+    """Which model to build: ``kind`` is ``builtin`` (``target`` a built-in name), ``module``
+    (``target`` ``"package.module:function"``) or ``hf`` (``target`` a model type such as
+    ``gpt2``); ``args`` go to the function (the HF config's fields for ``hf``); ``weights``: a
+    local folder or ``s3://`` prefix with the HF weights, else weights from ``seed``."""
+
+    kind: str
+    target: str
+    args: Mapping = field(default_factory=dict)
+    weights: str | None = None
+
+    def __post_init__(self) -> None:
+        assert self.kind in ("builtin", "module", "hf"), self.kind
+        object.__setattr__(self, "args", MappingProxyType(dict(self.args)))
+
+    @property
+    def label(self) -> str:
+        return self.target if self.kind == "builtin" else f"{self.kind}:{self.target}"
+
+    def __reduce__(self):  # a MappingProxyType does not pickle: Ray ships sources to workers
+        return (_source, (self.kind, self.target, dict(self.args), self.weights))
+
+
+def _source(kind, target, args, weights) -> ModelSource:
+    return ModelSource(kind=kind, target=target, args=args, weights=weights)
+
+
+def builtin(name: str) -> ModelSource:
+    return ModelSource(kind="builtin", target=name)
+
+
+def build_model(source: ModelSource, *, seed: int) -> ModelParts:
+    """The model's parts, its weights initialised from ``seed`` (or loaded from ``weights``)."""
+    if source.kind == "builtin":
+        from runtime.models.builtin import build_builtin
+
+        return build_builtin(source.target, seed=seed)
+    if source.kind == "hf":
+        from runtime.models.hf import build_hf
+
+        return build_hf(source.target, dict(source.args), seed=seed, weights=source.weights)
+    build = _imported(source.target)
+    with torch.random.fork_rng(devices=[]):  # a build that seeds torch leaves ours as it was
+        parts = build(seed=seed, **dict(source.args))
+    check_parts(parts, what=source.target)
+    return parts
+
+
+def _imported(target: str) -> Callable[..., ModelParts]:
+    module_name, _, function = target.partition(":")
+    if not module_name or not function:
+        raise ModelError(
+            f"model module {target!r} is not 'package.module:function'; write e.g. "
+            "'my_models.gpt:build'"
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ModelError(
+            f"model module {module_name!r} cannot be imported ({error}); ship its code with "
+            "the job (it must be importable from the recipe's folder) or install it on the nodes"
+        ) from None
+    build = getattr(module, function, None)
+    if not callable(build):
+        raise ModelError(f"{module_name} has no function {function!r} (model {target!r})")
+    return build
+
+
+def check_parts(parts: object, *, what: str) -> None:
+    """Refuse what the runtime cannot train, naming the model and the part."""
+    if not isinstance(parts, ModelParts):
+        raise ModelError(
+            f"model {what} returned {type(parts).__name__}; return runtime.models.protocol."
+            "ModelParts(layers=..., loss=..., inputs=...)"
+        )
+    if not parts.layers or not all(isinstance(m, nn.Module) for m in parts.layers):
+        raise ModelError(f"model {what}: layers must be a non-empty list of torch.nn.Module")
+    if not callable(parts.loss):
+        raise ModelError(f"model {what}: loss must be a function (output, targets) -> tensor")
+    if not isinstance(parts.inputs, TokenInputs | ImageInputs):
+        raise ModelError(f"model {what}: inputs must be TokenInputs(...) or ImageInputs(...)")
+    if parts.tied is not None:
+        first = {id(p) for p in parts.layers[0].parameters()}
+        last = {id(p) for p in parts.layers[-1].parameters()}
+        if id(parts.tied) not in first or id(parts.tied) not in last:
+            raise ModelError(
+                f"model {what}: tied must be a parameter of both the first and the last layer"
+            )
