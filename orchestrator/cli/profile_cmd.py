@@ -24,7 +24,7 @@ from orchestrator.profiles.profile import (
     profile_to_json,
 )
 from orchestrator.recipe import Recipe, load_recipe
-from orchestrator.recipe.models import spec_of
+from orchestrator.recipe.models import build_parts, model_label, spec_of
 from runtime.models.specs import ModelSpec
 
 if TYPE_CHECKING:  # for annotations only: importing runtime.profiler imports torch
@@ -96,7 +96,7 @@ def run_profile(args: argparse.Namespace, catalog: Catalog) -> int:
     _check_counts(args)
     gpu = _target_gpu(args.gpu, recipe, catalog)
     # torch is imported here only: `import orchestrator` must not pull it in
-    from runtime.profiler import ProfilerConfig, profile_gpt
+    from runtime.profiler import ProfilerConfig, profile_model
 
     config = ProfilerConfig(
         microbatch_sizes=sizes,
@@ -107,8 +107,9 @@ def run_profile(args: argparse.Namespace, catalog: Catalog) -> int:
         threads=args.threads,
         seed=recipe.training.seed,
     )
-    measurement = profile_gpt(spec, config)
-    profile = measured_profile(measurement, gpu=gpu, precision=recipe.training.precision)
+    parts = build_parts(recipe.model, seed=recipe.training.seed)
+    measurement = profile_model(model_label(recipe.model), parts, config)
+    profile = measured_profile(measurement, gpu=gpu, precision=recipe.training.precision, spec=spec)
     document = profile_to_json(profile, gpu)
     document["measurement"] = _measurement_facts(measurement, config, gpu)
     _write(args.output, document)
@@ -122,16 +123,16 @@ def run_profile(args: argparse.Namespace, catalog: Catalog) -> int:
 
 def _profilable_spec(recipe: Recipe) -> ModelSpec:
     spec = spec_of(recipe.model)
-    if spec.family != "gpt":
+    if spec.family == "cnn":
         raise UserError(
-            f"the profiler measures built-in GPT models only; {spec.name} is a {spec.family.upper()}",
+            f"the profiler measures language models (built-in GPTs, hf:, module:); {spec.name} "
+            "is a CNN",
             field="model.name",
             fix="use profile: auto or analytic for this model, or profile a GPT model such as gpt-tiny",
         )
     if recipe.training.precision != "fp32":
         raise UserError(
-            f"the runtime trains in fp32, so the profiler measures fp32; the recipe asks for "
-            f"{recipe.training.precision}",
+            f"the profiler measures fp32 only; the recipe asks for {recipe.training.precision}",
             field="training.precision",
             fix="set training.precision: fp32 to profile, or use profile: auto or analytic for "
             "mixed-precision estimates",

@@ -124,11 +124,18 @@ def serve_and_follow(
     there)."""
     import ray
 
+    from orchestrator.recipe.models import code_env
     from provisioners.local.gateway import serve, start_gateway
 
     stop, server, actor = threading.Event(), None, None
     try:
-        ray.init(address=address, log_to_driver=False, namespace=NAMESPACE)
+        # a module model's package, uploaded once: the driver and its workers inherit it
+        ray.init(
+            address=address,
+            log_to_driver=False,
+            namespace=NAMESPACE,
+            runtime_env=code_env(spec.recipe.model),
+        )
         if connected is not None:
             connected()
         node = controller()
@@ -153,17 +160,16 @@ def measured_here(recipe: Recipe, folder: Path) -> Recipe:
     """On the local cloud a worker is a CPU slot standing in for a T4: with ``profile: auto``,
     time the model on this machine once (runtime/profiler.py; kept in the job's folder) so the
     plan's predictions are about this machine rather than a real T4."""
-    from orchestrator.recipe.models import model_label, model_source, spec_of
+    from orchestrator.recipe.models import build_parts, model_label, spec_of
 
     spec = spec_of(recipe.model)
-    if recipe.model.profile != "auto" or spec.family != "gpt":
+    if recipe.model.profile != "auto" or spec.family == "cnn":
         return recipe
     label = model_label(recipe.model)
     path = (folder / f"profile-{label.replace(':', '-')}.json").resolve()
     if not path.exists():
         from orchestrator.profiles.measured import measured_profile
         from orchestrator.profiles.profile import profile_to_json
-        from runtime.models.protocol import build_model
         from runtime.profiler import ProfilerConfig, profile_model
 
         config = ProfilerConfig(
@@ -172,7 +178,7 @@ def measured_here(recipe: Recipe, folder: Path) -> Recipe:
             seed=recipe.training.seed,
         )
         # the very modules the workers train (a Hugging Face model's own, not a look-alike)
-        parts = build_model(model_source(recipe.model), seed=recipe.training.seed)
+        parts = build_parts(recipe.model, seed=recipe.training.seed)
         measured = measured_profile(
             profile_model(label, parts, config),
             gpu="T4",

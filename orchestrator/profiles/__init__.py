@@ -76,6 +76,13 @@ def profile_for_recipe(
                 fix="profile those GPUs, or use profile: auto",
             )
         return profile
+    if spec.family == "custom":  # no formula gives a user's model's times
+        raise UserError(
+            f"{label}: profile {mode} needs the model's measured times",
+            field="model.profile",
+            fix="on the local cloud profile: auto measures it; elsewhere run `python -m "
+            "orchestrator profile RECIPE -o my-profile.json` and write profile: my-profile.json",
+        )
     settings = analytic_settings(catalog)
     precision, optimizer = recipe.training.precision, recipe.training.optimizer.name
     measured = sailor_gpus(spec, catalog) if precision == "fp16-mixed" or mode == "sailor" else {}

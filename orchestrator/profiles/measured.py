@@ -51,7 +51,7 @@ def measured_profile(
         spec.seq_len,
         {1: sizes},
         {gpu: gpu_profile},
-        spec.tied_parameters() if spec.family == "gpt" else 0,
+        spec.tied_parameters() if spec.family != "cnn" else 0,
     )
 
 

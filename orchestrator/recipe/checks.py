@@ -25,7 +25,11 @@ from runtime.models.specs import BUILTIN_MODELS, ModelSpec
 
 _S3_URL = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
 _GS_URL = re.compile(r"^gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/.*)?$")
-_DATA_BY_FAMILY = {"gpt": ("builtin-text", "shards"), "cnn": ("synthetic-images", "shards")}
+_DATA_BY_FAMILY = {
+    "gpt": ("builtin-text", "shards"),
+    "cnn": ("synthetic-images", "shards"),
+    "custom": ("builtin-text", "synthetic-images", "shards"),  # as its inputs say (workload.py)
+}
 
 
 class Checker:
@@ -88,9 +92,16 @@ def check_recipe(recipe: Recipe, doc: YamlDoc, catalog: Catalog, folder: Path) -
         market=_resolve(folder, recipe.market),
         constraints=dataclasses.replace(recipe.constraints, gpu_types=gpu_types),
         model=dataclasses.replace(
-            recipe.model, profile=_resolve_profile(folder, recipe.model.profile)
+            _with_code(recipe.model, folder), profile=_resolve_profile(folder, recipe.model.profile)
         ),
     )
+
+
+def _with_code(model, folder: Path):
+    """A module model's code folder made absolute (default: the recipe's folder)."""
+    if not model.module:
+        return model
+    return dataclasses.replace(model, code=str((folder / (model.code or ".")).resolve()))
 
 
 def _resolve(folder: Path, path: str | None) -> str | None:
@@ -158,8 +169,13 @@ def _check_own_model(c: Checker, model) -> ModelSpec | None:
         c.error(
             ("model", "profile"), "SAILOR published no profile of this model", "use profile: auto"
         )
+    if model.code and not model.module:
+        c.error(("model", "code"), "is for module: models", "remove it, or write module:")
+    elif model.module and not (c.folder / (model.code or ".")).is_dir():
+        c.error(("model", "code"), f"'{model.code}' is not a folder", "write your package's folder")
+        return None
     try:
-        spec = spec_of(model)
+        spec = spec_of(_with_code(model, c.folder))
     except UserError as error:
         c.error(
             tuple(error.field.split(".")) if error.field else ("model",), error.message, error.fix

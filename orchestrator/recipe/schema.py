@@ -45,6 +45,11 @@ class ModelConfig:
         default=None,
     )
     args: Settings = _help("module: keyword arguments of the function", default=Settings())
+    code: str | None = _help(
+        "module: the folder your package is in, shipped to the nodes with the job (relative to "
+        "the recipe's folder) [the recipe's folder]",
+        default=None,
+    )
     profile: str = _help(
         "where per-layer times come from: auto, analytic, sailor, or a path to a profile .json",
         default="auto",

@@ -107,7 +107,13 @@ def build_model(source: ModelSource, *, seed: int) -> ModelParts:
         return build_hf(source.target, dict(source.args), seed=seed, weights=source.weights)
     build = _imported(source.target)
     with torch.random.fork_rng(devices=[]):  # a build that seeds torch leaves ours as it was
-        parts = build(seed=seed, **dict(source.args))
+        try:
+            parts = build(seed=seed, **dict(source.args))
+        except TypeError as error:  # most often: arguments the function does not take
+            raise ModelError(
+                f"model {source.target}(seed=..., {', '.join(source.args)}): {error}; the "
+                "function takes seed and model.args as keyword arguments"
+            ) from error
     check_parts(parts, what=source.target)
     return parts
 

@@ -111,7 +111,35 @@ class CnnSpec:
         return sum(self.layer_parameters())
 
 
-ModelSpec = GptSpec | CnnSpec
+@dataclass(frozen=True, kw_only=True)
+class CustomSpec:
+    """A user's model (models/protocol.py) as built once: its layers' parameters, read off the
+    modules (a shared weight counted in the first layer holding it), and what it reads. No
+    formula gives its FLOPs: its times are measured (``profile: auto``)."""
+
+    name: str
+    description: str
+    params: tuple[int, ...]  # per layer
+    seq_len: int  # tokens per sample (1 for images)
+    inputs: str  # "tokens" or "images"
+    tied: int = 0  # parameters the first and last layer share
+    family: str = "custom"
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.params)
+
+    def layer_parameters(self) -> tuple[int, ...]:
+        return self.params
+
+    def parameter_count(self) -> int:
+        return sum(self.params)
+
+    def tied_parameters(self) -> int:
+        return self.tied
+
+
+ModelSpec = GptSpec | CnnSpec | CustomSpec
 
 _MODELS: dict[str, ModelSpec] = {
     spec.name: spec

@@ -35,6 +35,7 @@ MACHINE = frozenset(
         "test_local_provisioner",
         "test_netns_cloud",
         "test_orphans",
+        "test_own_models_submit",
         "test_overlay",
         "test_runtime_failures",
         "test_runtime_models",

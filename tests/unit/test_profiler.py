@@ -120,7 +120,7 @@ def test_json_output_lists_every_layer_at_every_size(tmp_path, capsys):
         (("--microbatch-sizes", "0"), {}, "--microbatch-sizes '0'"),
         (("--repeats", "0"), {}, "--repeats 0 is below 1"),
         (("--gpu", "Z9000"), {}, "unknown GPU 'Z9000'"),
-        ((), {"precision: fp32": "precision: fp16-mixed"}, "the runtime trains in fp32"),
+        ((), {"precision: fp32": "precision: fp16-mixed"}, "the profiler measures fp32 only"),
         (
             (),
             {
@@ -161,7 +161,7 @@ def test_a_cnn_is_refused_without_traceback():
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr
-    assert "GPT models only" in result.stderr and "To fix:" in result.stderr
+    assert "measures language models" in result.stderr and "To fix:" in result.stderr
     assert not (REPO / "never.json").exists()
 
 
