@@ -12,6 +12,7 @@ import socket
 from runtime.layout import Layout
 from runtime.models.protocol import ModelSource, builtin
 from runtime.reference import TrainConfig
+from runtime.workload import DataSource
 
 # A node that emulates a slower device (the local simulated cloud's noisy neighbour) carries this Ray
 # node label, a factor > 1: its worker's forwards and backwards take that many times as long.
@@ -26,9 +27,11 @@ class StageWorker:
         config: TrainConfig,
         corpus_bytes: int,
         model: ModelSource | None = None,
+        data: DataSource | None = None,
     ) -> None:
         self.layout, self.rank, self.config, self.corpus_bytes = layout, rank, config, corpus_bytes
         self.model = model or builtin(layout.model)  # the layout names a built-in one
+        self.data = data
         self.runner = None
         # made by the first start_checkpoint, for its (store URL, job, endpoint)
         self.checkpointer, self.checkpointer_target = None, None
@@ -74,7 +77,9 @@ class StageWorker:
             timeout_s=timeout_s,
             pipelines=whole_model,
         )
-        workload = build_workload(self.model, seed=self.config.seed, corpus_bytes=self.corpus_bytes)
+        workload = build_workload(
+            self.model, seed=self.config.seed, corpus_bytes=self.corpus_bytes, data=self.data
+        )
         labels = ray.get_runtime_context().get_node_labels()
         self.runner = StageRunner(
             self.layout,
@@ -113,6 +118,8 @@ class StageWorker:
             "peak_tensor_bytes": self.runner.memory.peak_bytes,
             # the last step's summed gradient held no NaN or inf (the driver's divergence guard)
             "grads_finite": self.runner.grads_finite,
+            # the set's samples the last step's first stage read (a source that logs them)
+            "sample_ids": self.runner.last_sample_ids,
         }
 
     def start_checkpoint(

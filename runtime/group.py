@@ -21,6 +21,7 @@ from runtime.checkpoint import CheckpointReport, PendingCheckpoint
 from runtime.layout import Layout
 from runtime.models.protocol import ModelSource
 from runtime.reference import TrainConfig
+from runtime.workload import DataSource
 
 RENDEZVOUS_ATTEMPTS = 3
 NODE_ID_LABEL = "ray.io/node-id"  # every Ray node carries its id as this label
@@ -79,6 +80,7 @@ class WorkerGroup:
         nodes: tuple[str, ...] | None = None,
         gpu_share: float = 1.0,
         model: ModelSource | None = None,
+        data: DataSource | None = None,
     ) -> WorkerGroup:
         """Place and set up one worker per rank; ``name``: a detached, named group (unique per
         start: a failed start's names are not reused); ``nodes``: the Ray node id of each rank
@@ -87,7 +89,8 @@ class WorkerGroup:
         CUDA worker takes (below 1, workers share a GPU: small models, tests on one GPU; NCCL
         refuses two ranks of one group on one GPU, so sharers must be in different places);
         ``model``: the model to train (default: the layout's built-in one; a user's code reaches
-        the workers with the Ray job's ``runtime_env``, which its actors inherit)."""
+        the workers with the Ray job's ``runtime_env``, which its actors inherit); ``data``:
+        what a token model reads (default: the byte corpus)."""
         import ray
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -135,7 +138,7 @@ class WorkerGroup:
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
                         placement_group=group, placement_group_bundle_index=rank
                     ),
-                ).remote(layout, rank, config, corpus_bytes, model)
+                ).remote(layout, rank, config, corpus_bytes, model, data)
                 for rank in range(layout.world_size)
             ]
             try:

@@ -101,6 +101,7 @@ class StageRunner:
             layout.worker(0, i).microbatches for i in range(self.replica)
         )
         self.last_phases_s: dict[str, float] = {}
+        self.last_sample_ids: list[int] | None = None  # what the last step's first stage read
         # the cross-region hop's compression (region leaders only use it)
         self.compressor = (
             CrossRegionCompressor(layout.compression) if layout.compression != "none" else None
@@ -137,6 +138,8 @@ class StageRunner:
     def _step(self, step: int) -> float | None:
         self.flush_tied()  # the previous step's tied update, before this step's first forward
         self.flat_grad.zero_()  # not zero_grad(): the .grad views must stay
+        logs = self.first and self.workload.sample_ids is not None
+        self.last_sample_ids = [] if logs else None
         # message numbers of this step's sends (see Comm.release): activations by microbatch, and
         # input gradients in the order sent (microbatch order under 1F1B)
         self._sent_forward: dict[int, int] = {}
@@ -239,6 +242,10 @@ class StageRunner:
         layout = self.layout
         if self.first:
             inputs = self._samples(step, j)[0]
+            if self.last_sample_ids is not None:
+                first = step * self.config.global_batch_size + self.sample_offset
+                mbs = layout.microbatch_size
+                self.last_sample_ids += self.workload.sample_ids(first + j * mbs, mbs)
         else:
             source = layout.rank(self.stage - 1, self.replica)
             shape, dtype = self.activation

@@ -79,6 +79,15 @@ class LocalStore:
         except FileNotFoundError:
             raise StoreError(f"{self.url}: no {key!r}") from None
 
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """``length`` bytes of the object from byte ``start`` (fewer at its end)."""
+        try:
+            with self._path(key).open("rb") as handle:
+                handle.seek(start)
+                return handle.read(length)
+        except FileNotFoundError:
+            raise StoreError(f"{self.url}: no {key!r}") from None
+
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
@@ -131,6 +140,11 @@ class S3Store:
 
     def get(self, key: str) -> bytes:
         return self._call("get_object", key, Key=self._key(key))["Body"].read()
+
+    def get_range(self, key: str, start: int, length: int) -> bytes:
+        """``length`` bytes of the object from byte ``start`` (one ranged GET)."""
+        span = f"bytes={start}-{start + length - 1}"
+        return self._call("get_object", key, Key=self._key(key), Range=span)["Body"].read()
 
     def exists(self, key: str) -> bool:
         return self.size(key) is not None

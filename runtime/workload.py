@@ -24,6 +24,21 @@ from runtime.models.protocol import (
 )
 
 
+@dataclass(frozen=True, kw_only=True)
+class DataSource:
+    """What a token model reads: ``builtin`` (the byte corpus) or ``tokens`` (token files at
+    ``url``, data/tokens.py); ``log_samples``: report the sample ids each step read."""
+
+    kind: str = "builtin"
+    url: str | None = None
+    dtype: str = "uint16"
+    log_samples: bool = False
+
+    def __post_init__(self) -> None:
+        assert self.kind in ("builtin", "tokens"), self.kind
+        assert self.kind == "builtin" or self.url, "token files need a url"
+
+
 @dataclass
 class Workload:
     layers: list[nn.Module]
@@ -31,6 +46,8 @@ class Workload:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # mean over the microbatch
     inputs: TokenInputs | ImageInputs
     tied: nn.Parameter | None = None  # a weight the first and last layer share, if any
+    # the set's sample ids that samples (first, count) reads, where the source logs them
+    sample_ids: Callable[[int, int], list[int]] | None = None
 
     def boundary(self, layer: int, microbatch_size: int) -> tuple[tuple[int, ...], torch.dtype]:
         """Shape and dtype of the activation entering ``layer`` for one microbatch."""
@@ -41,17 +58,42 @@ class Workload:
         return tuple(x.shape), x.dtype
 
 
-def build_workload(model: ModelSource | str, *, seed: int, corpus_bytes: int = 2**20) -> Workload:
+def build_workload(
+    model: ModelSource | str,
+    *,
+    seed: int,
+    corpus_bytes: int = 2**20,
+    data: DataSource | None = None,
+) -> Workload:
     """The model (a source, or a built-in model's name) with the samples its inputs ask for."""
     source = builtin(model) if isinstance(model, str) else model
     parts = build_model(source, seed=seed)
-    return Workload(
+    workload = Workload(
         layers=parts.layers,
         samples=_samples(parts, seed=seed, corpus_bytes=corpus_bytes, label=source.label),
         loss=parts.loss,
         inputs=parts.inputs,
         tied=parts.tied,
     )
+    if data is not None and data.kind == "tokens":
+        _read_tokens(workload, data, seed=seed, label=source.label)
+    return workload
+
+
+def _read_tokens(workload: Workload, data: DataSource, *, seed: int, label: str) -> None:
+    from runtime.data.tokens import TokenFiles
+    from runtime.storage import open_store
+
+    if not isinstance(workload.inputs, TokenInputs):
+        raise ModelError(f"model {label} reads images; token files are for language models")
+    files = TokenFiles(
+        open_store(data.url), dtype=data.dtype, seq_len=workload.inputs.seq_len, seed=seed
+    )
+    workload.samples = files.samples
+    if data.log_samples:
+        workload.sample_ids = lambda first, count: [
+            files.window(k) for k in range(first, first + count)
+        ]
 
 
 def _samples(parts: ModelParts, *, seed: int, corpus_bytes: int, label: str):

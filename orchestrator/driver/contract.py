@@ -99,6 +99,8 @@ class StepResult:
     pipeline_s: tuple[float, ...] | None = None
     pipeline_microbatches: tuple[int, ...] = ()
     grads_finite: bool = True  # False: some worker's summed gradient held a NaN or an inf
+    # the data set's sample ids the step read, pipeline after pipeline (data.log_samples)
+    sample_ids: tuple[int, ...] | None = None
 
 
 class PlanSource(Protocol):

@@ -36,6 +36,8 @@ class StepMetrics:
             "nodes": len(state.nodes),
             "recoveries": state.recoveries,
         }
+        if result.sample_ids is not None:
+            line["samples"] = list(result.sample_ids)
         with self.path.open("a", encoding="utf-8") as handle:
             handle.write(json.dumps(line, allow_nan=False) + "\n")  # strict JSON: no NaN token
         return line

@@ -309,6 +309,7 @@ class RuntimeTrainer:
                 name=name,
                 nodes=nodes,
                 model=model_source(self.recipe.model),
+                data=data_source(self.recipe.data),
             )
             self._last_nodes = tuple(self.group.nodes)
         except WorkerPlacementError as error:
@@ -461,6 +462,7 @@ class RuntimeTrainer:
             pipeline_s=pipeline_seconds(counters, workers),
             pipeline_microbatches=tuple(w.microbatches for w in workers if w.stage == 0),
             grads_finite=all(c.get("grads_finite", True) for c in counters),
+            sample_ids=_sample_ids(counters, workers),
         )
 
     @staticmethod
@@ -540,6 +542,24 @@ def check_space(url: str, layout, recipe: Recipe) -> None:
             fix="free space there, or point checkpointing.path at a larger disk or s3://...; "
             "then submit the recipe again",
         )
+
+
+def data_source(data):
+    """What the workers read (runtime/workload.py's DataSource) for the recipe's ``data``."""
+    from runtime.workload import DataSource
+
+    if data.source != "tokens":
+        return None  # the model's own: the byte corpus or synthetic images
+    return DataSource(kind="tokens", url=data.path, dtype=data.dtype, log_samples=data.log_samples)
+
+
+def _sample_ids(counters: list[dict], workers) -> tuple[int, ...] | None:
+    """The ids the first stages read this step, pipeline after pipeline; None if not logged."""
+    pairs = zip(counters, workers, strict=True)
+    first = [(w.replica, c.get("sample_ids")) for c, w in pairs if w.stage == 0]
+    if any(ids is None for _, ids in first):
+        return None
+    return tuple(i for _, ids in sorted(first) for i in ids)
 
 
 def checkpoint_url(recipe: Recipe) -> str:

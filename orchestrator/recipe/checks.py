@@ -26,10 +26,11 @@ from runtime.models.specs import BUILTIN_MODELS, ModelSpec
 _S3_URL = re.compile(r"^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$")
 _GS_URL = re.compile(r"^gs://[a-z0-9][a-z0-9._-]{1,61}[a-z0-9](/.*)?$")
 _DATA_BY_FAMILY = {
-    "gpt": ("builtin-text", "shards"),
+    "gpt": ("builtin-text", "shards", "tokens"),
     "cnn": ("synthetic-images", "shards"),
-    "custom": ("builtin-text", "synthetic-images", "shards"),  # as its inputs say (workload.py)
+    "custom": ("builtin-text", "synthetic-images", "shards", "tokens"),  # as its inputs say
 }
+_WITH_PATH = ("shards", "tokens")
 
 
 class Checker:
@@ -90,6 +91,12 @@ def check_recipe(recipe: Recipe, doc: YamlDoc, catalog: Catalog, folder: Path) -
         recipe,
         name=recipe.name or default_job_name(doc.file),
         market=_resolve(folder, recipe.market),
+        data=dataclasses.replace(
+            recipe.data,
+            path=recipe.data.path
+            if recipe.data.path is None or "://" in recipe.data.path
+            else _resolve(folder, recipe.data.path),
+        ),
         constraints=dataclasses.replace(recipe.constraints, gpu_types=gpu_types),
         model=dataclasses.replace(
             _with_code(recipe.model, folder), profile=_resolve_profile(folder, recipe.model.profile)
@@ -225,20 +232,30 @@ def _check_data(c: Checker, spec: ModelSpec | None) -> None:
             f"{spec.name} is a {spec.family.upper()} model; it cannot train on {data.source}",
             f"write source: {allowed}",
         )
-    if data.source == "shards" and not data.path:
+    vocab = getattr(spec, "vocab_size", None)
+    if vocab is not None and vocab < 256 and data.source in ("auto", "builtin-text"):
+        c.error(
+            ("model", "config" if c.recipe.model.hf else "name"),
+            f"{spec.name} has a vocabulary of {vocab}; the built-in text is bytes (256 ids)",
+            "give the model a vocabulary of at least 256 (vocab_size)",
+        )
+    if data.source in _WITH_PATH and not data.path:
         c.error(
             ("data",),
-            "source shards needs a path",
-            "add path: a folder or s3://bucket/prefix of .tar shards",
+            f"source {data.source} needs a path",
+            "add path: a folder or s3://bucket/prefix of "
+            + (".tar shards" if data.source == "shards" else ".bin token files"),
         )
-    if data.path and data.source != "shards":
+    if data.path and data.source not in _WITH_PATH:
         c.error(
             ("data", "path"),
-            "path is only read when source is shards",
-            "remove path, or write source: shards",
+            "path is only read when source is shards or tokens",
+            "remove path, or write source: shards or tokens",
         )
+    if data.log_samples and data.source != "tokens":
+        c.error(("data", "log_samples"), "only token files log their samples", "remove it")
     if (
-        data.source == "shards"
+        data.source in _WITH_PATH
         and data.path
         and not data.path.startswith("s3://")
         and not (c.folder / data.path).is_dir()
@@ -246,7 +263,7 @@ def _check_data(c: Checker, spec: ModelSpec | None) -> None:
         c.error(
             ("data", "path"),
             f"folder '{c.folder / data.path}' does not exist",
-            "give an existing folder of .tar shards, or s3://bucket/prefix",
+            "give an existing folder, or s3://bucket/prefix",
         )
 
 

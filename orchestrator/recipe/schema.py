@@ -58,11 +58,22 @@ class ModelConfig:
 
 @dataclass(frozen=True, kw_only=True)
 class DataConfig:
-    source: Literal["auto", "builtin-text", "synthetic-images", "shards"] = _help(
-        "auto (the model's default), builtin-text, synthetic-images or shards", default="auto"
+    source: Literal["auto", "builtin-text", "synthetic-images", "shards", "tokens"] = _help(
+        "auto (the model's default), builtin-text, synthetic-images, shards or tokens",
+        default="auto",
     )
     path: str | None = _help(
-        "for shards: a local folder or s3://bucket/prefix of .tar shards", default=None
+        "for shards and tokens: a local folder or s3://bucket/prefix (.tar shards, .bin token "
+        "files)",
+        default=None,
+    )
+    dtype: Literal["uint16", "uint32"] = _help(
+        "tokens: the files' integer type, uint16 (vocabularies up to 65,536) or uint32",
+        default="uint16",
+    )
+    log_samples: bool = _help(
+        "write the ids of the samples each committed step read into metrics.jsonl (tokens)",
+        default=False,
     )
 
 

@@ -1,12 +1,12 @@
 """Fixtures shared by integration tests: moto's S3 server on 127.0.0.1, fake AWS credentials, and a
 Ray cluster of a test module's own; and which tests may run beside which under xdist.
 
-The tier runs on two xdist workers: the modules that take the whole
-machine (Ray clusters, namespace VMs, standing emulated clouds, training) form one group that
-runs one test after another on one worker, so that no two of them compete for the cores and
-their timings stay what they were written for (the straggler test's measured shares moved its
-losses by 0.8% with the runtime's Ray tests beside it); the adapters' tests against fakes and
-in-memory servers run beside them on the other worker."""
+The tier runs on two xdist workers. The modules that take the whole machine form two groups, each
+run one test after another on one worker: the Ray runtime and local-cloud jobs (``RAY``: their
+timings stay what they were written for, e.g. the straggler test's measured shares), and the
+namespace VMs and standing emulated clouds (``NAMESPACES``: correctness with generous waits,
+whatever runs beside them). The adapters' tests against fakes and in-memory servers fill in
+around them."""
 
 from __future__ import annotations
 
@@ -23,20 +23,24 @@ FAKE_AWS = {
 }
 
 
-MACHINE = frozenset(
+NAMESPACES = frozenset(
+    {
+        "test_controller_vm",
+        "test_emulated_aws",
+        "test_emulated_submit",
+        "test_netns_cloud",
+        "test_orphans",
+        "test_overlay",
+    }
+)
+RAY = frozenset(
     {
         "test_bench_runtime_vs_torch",
         "test_chaos",
         "test_checkpoint",
-        "test_controller_vm",
-        "test_emulated_aws",
-        "test_emulated_submit",
         "test_local_gateway",
         "test_local_provisioner",
-        "test_netns_cloud",
-        "test_orphans",
         "test_own_models_submit",
-        "test_overlay",
         "test_runtime_failures",
         "test_runtime_models",
         "test_runtime_takeover",
@@ -47,15 +51,17 @@ MACHINE = frozenset(
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Under xdist: the machine-wide modules are one unit of work (one worker runs them one
-    after another), every other test a unit of its own. (xdist's own ``--dist loadgroup`` reads
+    """Under xdist: each group of machine-wide modules is one unit of work (one worker runs it
+    test after test), every other test a unit of its own. (xdist's own ``--dist loadgroup`` reads
     groups off node ids that pytest 9 no longer lets it change.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class MachineScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-            return "machine" if module in MACHINE else nodeid
+            if module in RAY:
+                return "ray"
+            return "namespaces" if module in NAMESPACES else nodeid
 
     return MachineScheduling(config, log)
 

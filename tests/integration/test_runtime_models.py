@@ -88,7 +88,7 @@ def _close(got: list[float], want: list[float], precision: str = "fp32") -> None
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("precision", ["fp32", "bf16-mixed"])
+@pytest.mark.parametrize("precision", ["fp32"])  # bf16: test_runtime_training.py, gpt-tiny
 def test_a_hugging_face_gpt2_trains_as_one_process_does(ray_cluster, precision):
     config = dataclasses.replace(CONFIG, precision=precision)
     want = workload_losses(

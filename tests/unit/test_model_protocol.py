@@ -94,6 +94,7 @@ def test_a_function_that_is_not_a_model_is_refused_with_what_to_write(
         ("{name: gpt-tiny, args: {depth: 2}}", "model.args", "for module: models"),
         ("{module: my_models}", "model.module", "names no function"),
         ("{hf: llama, config: {}}", "model.config", "not supported"),
+        ("{hf: gpt2, config: {vocab_size: 100}}", "model.config", "vocabulary of 100"),
     ],
 )
 def test_recipes_name_one_model_and_its_settings_strictly(model, field, fragment):
