@@ -105,3 +105,20 @@ def test_recipes_name_one_model_and_its_settings_strictly(model, field, fragment
     assert any(p.field == field and fragment in p.message for p in problems), [
         (p.field, p.message) for p in problems
     ]
+
+
+def test_gpt2_weights_come_from_a_saved_folder_when_given(tmp_path):
+    pytest.importorskip("transformers")
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(5)
+    saved = GPT2LMHeadModel(GPT2Config(**SMALL))
+    saved.save_pretrained(tmp_path / "weights")
+    source = ModelSource(kind="hf", target="gpt2", args=SMALL, weights=str(tmp_path / "weights"))
+    parts = build_model(source, seed=0)  # the seed does not matter: the weights are loaded
+    assert torch.equal(
+        parts.layers[1].block.attn.c_attn.weight, saved.transformer.h[0].attn.c_attn.weight
+    )
+    assert parts.tied is parts.layers[-1].lm_head.weight  # still tied after loading
+    with pytest.raises(ModelError, match="is not a folder"):
+        build_model(ModelSource(kind="hf", target="gpt2", weights=str(tmp_path / "none")), seed=0)
