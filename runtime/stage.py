@@ -94,6 +94,8 @@ class StageRunner:
         self._tied_skip = False  # the step of the tied update in flight was skipped (fp16 inf)
         # fp16-mixed's loss scale, else None
         self.scaler = loss_scaler(config.precision, initial_scale=config.initial_loss_scale)
+        # unscaling or clipping needs the whole model's gradient first (_finish_gradients)
+        self._whole_model = self.scaler is not None or config.grad_clip_norm is not None
         self.state_lock = threading.Lock()  # the optimizer's update against a rescue copy
         self.applied = 0  # optimizer steps the weights hold (set again by a restore)
         self.grads_finite = True  # the last step's summed gradient held no NaN or inf
@@ -311,6 +313,8 @@ class StageRunner:
             self._tied_pending = True
         else:
             grad += self.comm.recv(tuple(grad.shape), grad.dtype, pipeline[-1], phase="tied_sync")
+            if not self._whole_model:  # nothing to unscale or clip: the sum goes back at once
+                self.comm.send(grad.clone(), pipeline[-1])
 
     def _finish_gradients(self) -> bool:
         """Unscale (fp16-mixed) and clip the summed gradient over the whole pipeline; hand the
@@ -318,7 +322,7 @@ class StageRunner:
         skips one whose gradient holds an inf or a NaN anywhere)."""
         clip = self.config.grad_clip_norm
         found_inf = False
-        if self.scaler is not None or clip is not None:
+        if self._whole_model:
             found_inf, factor = self._global_factor(clip)
             if not found_inf and factor != 1.0:
                 self.flat_grad.mul_(factor)
@@ -329,7 +333,7 @@ class StageRunner:
             # a NaN or inf stops the job (the driver's divergence guard) before the step is
             # committed or checkpointed
             self.grads_finite = bool(torch.isfinite(self.flat_grad).all())
-        if self.tied is not None:
+        if self.tied is not None and self._whole_model:
             if self.first:  # the sum, unscaled and clipped like every other gradient
                 self.comm.send(self.tied.grad.clone(), self.layout.pipeline(self.replica)[-1])
             else:
