@@ -88,9 +88,12 @@ class MarketPlans:
                 constraints,
                 exclude_locations=tuple(sorted({*constraints.exclude_locations, *excluded})),
             ),
+            # what the runtime runs: TP 1 (layout.py refuses more), whatever `plan` may show
+            parallelism=replace(self.recipe.parallelism, tensor_parallel=RUNTIME_TP),
         )
         result, note = self._plan_spread(recipe, market)
         if not result.plans:
+            self._refuse_tensor_parallel(recipe, market)
             left_out = f" (left out after refusing capacity: {', '.join(sorted(excluded))})"
             raise UserError(
                 "no feasible plan on the market now" + (left_out if excluded else ""),
@@ -107,6 +110,25 @@ class MarketPlans:
             egress_usd_per_step=best.estimate.egress_usd_per_iteration,
             note=note,
         )
+
+    def _refuse_tensor_parallel(self, recipe: Recipe, market: OfferTable) -> None:
+        """No plan at TP 1: if plans with tensor parallelism exist, say that is what is missing."""
+        from orchestrator.planner import plan_recipe
+
+        wide = replace(recipe, parallelism=self.recipe.parallelism)
+        try:
+            plans = plan_recipe(wide, self.catalog, market).plans
+        except UserError:
+            return
+        if plans:
+            tp = max(r.tp for stage in plans[0].plan.stages for r in stage.replicas)
+            raise UserError(
+                f"every feasible plan needs tensor parallelism (the best: tp={tp}), which the "
+                "runtime does not run yet",
+                field="parallelism",
+                fix="allow more pipeline stages (parallelism.max_pipeline_stages), GPUs with more "
+                "memory (constraints.gpu_types) or a smaller microbatch",
+            )
 
     def _plan_spread(self, recipe: Recipe, market: OfferTable):
         """The planner's result, and a note when the recipe's spread (constraints.min_locations,
@@ -542,6 +564,9 @@ def check_space(url: str, layout, recipe: Recipe) -> None:
             fix="free space there, or point checkpointing.path at a larger disk or s3://...; "
             "then submit the recipe again",
         )
+
+
+RUNTIME_TP = (1,)  # the tensor-parallel degrees the runtime trains (orchestrator/layout.py)
 
 
 def data_source(data):

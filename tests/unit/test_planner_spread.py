@@ -75,3 +75,36 @@ def test_the_driver_trains_on_fewer_places_when_the_spread_cannot_be_had():
     spread = MarketPlans(_recipe(spread=3), catalog, provisioner=None, progress=lambda: (0, 0.0))
     spread.market = lambda held, held_only=False: catalog.market("local")
     assert spread.choose(excluded=frozenset(), held={}).note == ""
+
+
+def test_the_driver_plans_only_what_the_runtime_runs_while_plan_shows_tensor_parallelism():
+    """GPT-Neo-2.7B on V100s: in at most two stages the planner's best splits stages 8 ways (TP),
+    which the runtime does not run yet; the driver says so (no TP-1 plan fits), and with more
+    stages allowed it chooses a TP-1 plan."""
+    text = """\
+name: tp
+provider: gcp
+model: {name: gpt-neo-2.7b, profile: analytic}
+training: {global_batch_size: 32, microbatch_sizes: [1], steps: 10, precision: fp16-mixed}
+objective: {goal: max_throughput}
+constraints: {gpu_types: [V100], max_gpus: 16, pricing: spot, locations: [gcp/us-central1/us-central1-a]}
+parallelism: {max_pipeline_stages: 2}
+"""
+    recipe = parse_recipe(text, file="tp.yaml", folder=Path("."))
+    catalog = default_catalog()
+    best = plan_recipe(recipe, catalog, catalog.market("gcp")).plans[0]
+    assert {r.tp for stage in best.plan.stages for r in stage.replicas} == {8}
+    plans = MarketPlans(recipe, catalog, provisioner=None, progress=lambda: (0, 0.0))
+    plans.market = lambda held, held_only=False: catalog.market("gcp")
+    with pytest.raises(UserError, match="needs tensor parallelism \\(the best: tp=8\\)") as caught:
+        plans.choose(excluded=frozenset(), held={})
+    assert caught.value.field == "parallelism"
+    deeper = parse_recipe(
+        text.replace("max_pipeline_stages: 2", "max_pipeline_stages: 16"),
+        file="tp.yaml",
+        folder=Path("."),
+    )
+    plans = MarketPlans(deeper, catalog, provisioner=None, progress=lambda: (0, 0.0))
+    plans.market = lambda held, held_only=False: catalog.market("gcp")
+    choice = plans.choose(excluded=frozenset(), held={})
+    assert {r.tp for stage in choice.plan.stages for r in stage.replicas} == {1}
