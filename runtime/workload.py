@@ -26,8 +26,10 @@ from runtime.models.protocol import (
 
 @dataclass(frozen=True, kw_only=True)
 class DataSource:
-    """What a token model reads: ``builtin`` (the byte corpus) or ``tokens`` (token files at
-    ``url``, data/tokens.py); ``log_samples``: report the sample ids each step read."""
+    """What the model reads: ``builtin`` (the byte corpus, or synthetic images), ``tokens``
+    (token files at ``url``, data/tokens.py) or ``shards`` (WebDataset-style tar shards at
+    ``url``, data/shards.py: sample ``k`` is the set's ``k mod N``, epoch after epoch, in the
+    set's order); ``log_samples``: report the sample ids each step read."""
 
     kind: str = "builtin"
     url: str | None = None
@@ -35,7 +37,7 @@ class DataSource:
     log_samples: bool = False
 
     def __post_init__(self) -> None:
-        assert self.kind in ("builtin", "tokens"), self.kind
+        assert self.kind in ("builtin", "tokens", "shards"), self.kind
         assert self.kind == "builtin" or self.url, "token files need a url"
 
 
@@ -77,7 +79,20 @@ def build_workload(
     )
     if data is not None and data.kind == "tokens":
         _read_tokens(workload, data, seed=seed, label=source.label)
+    elif data is not None and data.kind == "shards":
+        _read_shards(workload, data)
     return workload
+
+
+def _read_shards(workload: Workload, data: DataSource) -> None:
+    from runtime.data.shards import ShardReader
+    from runtime.storage import open_store
+
+    reader = ShardReader(open_store(data.url), "")
+    workload.samples = reader.samples
+    if data.log_samples:
+        count = reader.num_samples
+        workload.sample_ids = lambda first, n: [k % count for k in range(first, first + n)]
 
 
 def _read_tokens(workload: Workload, data: DataSource, *, seed: int, label: str) -> None:

@@ -573,9 +573,11 @@ def data_source(data):
     """What the workers read (runtime/workload.py's DataSource) for the recipe's ``data``."""
     from runtime.workload import DataSource
 
-    if data.source != "tokens":
+    if data.source not in ("tokens", "shards"):
         return None  # the model's own: the byte corpus or synthetic images
-    return DataSource(kind="tokens", url=data.path, dtype=data.dtype, log_samples=data.log_samples)
+    return DataSource(
+        kind=data.source, url=data.path, dtype=data.dtype, log_samples=data.log_samples
+    )
 
 
 def _sample_ids(counters: list[dict], workers) -> tuple[int, ...] | None:

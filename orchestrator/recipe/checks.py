@@ -252,8 +252,10 @@ def _check_data(c: Checker, spec: ModelSpec | None) -> None:
             "path is only read when source is shards or tokens",
             "remove path, or write source: shards or tokens",
         )
-    if data.log_samples and data.source != "tokens":
-        c.error(("data", "log_samples"), "only token files log their samples", "remove it")
+    if data.log_samples and data.source not in _WITH_PATH:
+        c.error(
+            ("data", "log_samples"), "only token files and shards log their samples", "remove it"
+        )
     if (
         data.source in _WITH_PATH
         and data.path

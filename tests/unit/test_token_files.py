@@ -80,3 +80,18 @@ def test_a_set_that_cannot_be_read_says_why(tmp_path):
     (tmp_path / "odd.bin").write_bytes(b"\x00" * 8)
     with pytest.raises(TokenDataError, match="no \\*.bin file holds 5 tokens"):
         TokenFiles(LocalStore(tmp_path), dtype="uint16", seq_len=4, seed=0)
+
+
+def test_a_model_reads_the_shards_the_recipe_names(tmp_path):
+    """data.source shards: the workers' samples are the set's, sample k the set's k mod N."""
+    from runtime.data.shards import write_shards
+    from runtime.workload import DataSource, build_workload
+
+    images = torch.randn(10, 3, 32, 32)
+    labels = torch.arange(10) % 10
+    write_shards(zip(images, labels, strict=True), LocalStore(tmp_path), "", samples_per_shard=4)
+    data = DataSource(kind="shards", url=str(tmp_path), log_samples=True)
+    workload = build_workload("cnn-tiny", seed=0, data=data)
+    x, y = workload.samples(8, 4)  # the set's 8, 9, then 0, 1: the next epoch
+    assert torch.equal(x, images[[8, 9, 0, 1]]) and torch.equal(y, labels[[8, 9, 0, 1]])
+    assert workload.sample_ids(8, 4) == [8, 9, 0, 1]
