@@ -38,6 +38,7 @@ RAY = frozenset(
         "test_bench_runtime_vs_torch",
         "test_chaos",
         "test_checkpoint",
+        "test_gpu_runtime",
         "test_local_gateway",
         "test_local_provisioner",
         "test_own_models_submit",
