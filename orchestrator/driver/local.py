@@ -160,7 +160,7 @@ def measured_here(recipe: Recipe, folder: Path) -> Recipe:
     """On the local cloud a worker is a CPU slot standing in for a T4: with ``profile: auto``,
     time the model on this machine once (runtime/profiler.py; kept in the job's folder) so the
     plan's predictions are about this machine rather than a real T4."""
-    from orchestrator.recipe.models import build_parts, model_label, spec_of
+    from orchestrator.recipe.models import model_label, spec_of
 
     spec = spec_of(recipe.model)
     if recipe.model.profile != "auto" or spec.family == "cnn":
@@ -168,23 +168,11 @@ def measured_here(recipe: Recipe, folder: Path) -> Recipe:
     label = model_label(recipe.model)
     path = (folder / f"profile-{label.replace(':', '-')}.json").resolve()
     if not path.exists():
-        from orchestrator.profiles.measured import measured_profile
+        from orchestrator.profiles.measured import measured_here as measure
         from orchestrator.profiles.profile import profile_to_json
-        from runtime.profiler import ProfilerConfig, profile_model
 
-        config = ProfilerConfig(
-            microbatch_sizes=recipe.training.microbatch_sizes,
-            optimizer=recipe.training.optimizer.name,
-            seed=recipe.training.seed,
-        )
         # the very modules the workers train (a Hugging Face model's own, not a look-alike)
-        parts = build_parts(recipe.model, seed=recipe.training.seed)
-        measured = measured_profile(
-            profile_model(label, parts, config),
-            gpu="T4",
-            precision=recipe.training.precision,
-            spec=spec,
-        )
+        measured = measure(recipe, spec)
         folder.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(profile_to_json(measured, "T4"), indent=1))
         print(f"profiled {spec.name} on this machine: {path}", file=sys.stderr)

@@ -76,12 +76,16 @@ def profile_for_recipe(
                 fix="profile those GPUs, or use profile: auto",
             )
         return profile
-    if spec.family == "custom":  # no formula gives a user's model's times
+    if spec.family == "custom":  # no formula gives a user's model's times: measured
+        if mode == "auto" and recipe.provider == "local" and set(gpus) <= {"T4"}:
+            from orchestrator.profiles.measured import measured_here
+
+            return measured_here(recipe, spec)  # a local worker: this machine's CPU slot
         raise UserError(
-            f"{label}: profile {mode} needs the model's measured times",
+            f"{label}: profile {mode} needs the model's measured times on {', '.join(gpus)}",
             field="model.profile",
-            fix="on the local cloud profile: auto measures it; elsewhere run `python -m "
-            "orchestrator profile RECIPE -o my-profile.json` and write profile: my-profile.json",
+            fix="measure them: `python -m orchestrator profile RECIPE --gpu GPU -o my-profile.json` "
+            "(on a machine with that GPU), then write profile: my-profile.json",
         )
     settings = analytic_settings(catalog)
     precision, optimizer = recipe.training.precision, recipe.training.optimizer.name

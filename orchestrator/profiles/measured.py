@@ -66,3 +66,20 @@ def _origin(measurement: ModelMeasurement, gpu: str) -> str:
         f"measured by `python -m orchestrator profile` on {where}; torch {measurement.torch_version}, "
         f"mean of {measurement.repeats} runs per figure"
     )
+
+
+def measured_here(recipe, spec: ModelSpec, *, gpu: str = "T4") -> ModelProfile:
+    """The recipe's model timed layer by layer on this machine (one CPU thread standing in for
+    ``gpu``, as a local worker does): what the local cloud plans with under ``profile: auto``.
+    Imports torch and the model's code."""
+    from orchestrator.recipe.models import build_parts, model_label
+    from runtime.profiler import ProfilerConfig, profile_model
+
+    config = ProfilerConfig(
+        microbatch_sizes=recipe.training.microbatch_sizes,
+        optimizer=recipe.training.optimizer.name,
+        seed=recipe.training.seed,
+    )
+    parts = build_parts(recipe.model, seed=recipe.training.seed)
+    measurement = profile_model(model_label(recipe.model), parts, config)
+    return measured_profile(measurement, gpu=gpu, precision=recipe.training.precision, spec=spec)

@@ -122,3 +122,27 @@ def test_gpt2_weights_come_from_a_saved_folder_when_given(tmp_path):
     assert parts.tied is parts.layers[-1].lm_head.weight  # still tied after loading
     with pytest.raises(ModelError, match="is not a folder"):
         build_model(ModelSource(kind="hf", target="gpt2", weights=str(tmp_path / "none")), seed=0)
+
+
+def test_a_users_model_is_measured_here_on_the_local_cloud_and_asked_for_elsewhere(tmp_path):
+    """No formula gives a user's model's times: on the local cloud `profile: auto` times its
+    layers on this machine; on a cloud the recipe must name a measured profile."""
+    from orchestrator.catalog import default_catalog
+    from orchestrator.errors import UserError
+    from orchestrator.planner import plan_recipe
+
+    (tmp_path / "tiny_lm").mkdir()
+    for path in (USER_PACKAGES / "tiny_lm").glob("*.py"):
+        (tmp_path / "tiny_lm" / path.name).write_text(path.read_text())
+    text = (
+        'model: {module: "tiny_lm:build", args: {depth: 2}}\n'
+        "constraints: {gpu_types: [T4], max_gpus: 2}\n" + TRAINING
+    )
+    catalog = default_catalog()
+    local = parse_recipe(text, file="r.yaml", folder=tmp_path)
+    best = plan_recipe(local, catalog, catalog.market("local")).plans[0]
+    assert best.estimate.samples_per_s > 0
+    on_gcp = parse_recipe("provider: gcp\n" + text, file="r.yaml", folder=tmp_path)
+    with pytest.raises(UserError, match="needs the model's measured times") as caught:
+        plan_recipe(on_gcp, catalog, catalog.market("gcp"))
+    assert "orchestrator profile" in caught.value.fix
