@@ -39,7 +39,7 @@ from torch import nn
 
 from runtime.memory import keep_freed_memory
 from runtime.models.gpt import build_layers, next_token_loss
-from runtime.models.protocol import ModelParts, TokenInputs
+from runtime.models.protocol import ModelParts, TokenInputs, owned_parameters
 from runtime.models.specs import GptSpec
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -164,7 +164,7 @@ def profile_model(label: str, parts: ModelParts, config: ProfilerConfig) -> Mode
         torch.set_num_threads(config.threads)
     try:
         layers = [layer.to(device) for layer in parts.layers]
-        owned = _owned_parameters(layers)
+        owned = owned_parameters(layers)
         clock = _Clock(device)
         updates = _update_seconds(owned, config, clock)
         by_size, methods = {}, set()
@@ -186,17 +186,6 @@ def profile_model(label: str, parts: ModelParts, config: ProfilerConfig) -> Mode
         elapsed_s=time.perf_counter() - started,
         method="per-layer" if "per-layer" in methods else "in-graph",
     )
-
-
-def _owned_parameters(layers: Sequence[nn.Module]) -> list[list[nn.Parameter]]:
-    """Each layer's parameters, a shared one counted in the first layer that holds it."""
-    seen: set[int] = set()
-    owned = []
-    for layer in layers:
-        mine = [p for p in layer.parameters() if id(p) not in seen]
-        seen.update(id(p) for p in mine)
-        owned.append(mine)
-    return owned
 
 
 def _measure_size(

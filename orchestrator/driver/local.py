@@ -168,11 +168,11 @@ def measured_here(recipe: Recipe, folder: Path) -> Recipe:
     label = model_label(recipe.model)
     path = (folder / f"profile-{label.replace(':', '-')}.json").resolve()
     if not path.exists():
-        from orchestrator.profiles.measured import measured_here as measure
+        from orchestrator.profiles.measured import profile_here
         from orchestrator.profiles.profile import profile_to_json
 
         # the very modules the workers train (a Hugging Face model's own, not a look-alike)
-        measured = measure(recipe, spec)
+        measured = profile_here(recipe, spec)
         folder.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(profile_to_json(measured, "T4"), indent=1))
         print(f"profiled {spec.name} on this machine: {path}", file=sys.stderr)

@@ -78,9 +78,9 @@ def profile_for_recipe(
         return profile
     if spec.family == "custom":  # no formula gives a user's model's times: measured
         if mode == "auto" and recipe.provider == "local" and set(gpus) <= {"T4"}:
-            from orchestrator.profiles.measured import measured_here
+            from orchestrator.profiles.measured import profile_here
 
-            return measured_here(recipe, spec)  # a local worker: this machine's CPU slot
+            return profile_here(recipe, spec)  # a local worker: this machine's CPU slot
         raise UserError(
             f"{label}: profile {mode} needs the model's measured times on {', '.join(gpus)}",
             field="model.profile",

@@ -68,7 +68,7 @@ def _origin(measurement: ModelMeasurement, gpu: str) -> str:
     )
 
 
-def measured_here(recipe, spec: ModelSpec, *, gpu: str = "T4") -> ModelProfile:
+def profile_here(recipe, spec: ModelSpec, *, gpu: str = "T4") -> ModelProfile:
     """The recipe's model timed layer by layer on this machine (one CPU thread standing in for
     ``gpu``, as a local worker does): what the local cloud plans with under ``profile: auto``.
     Imports torch and the model's code."""

@@ -53,7 +53,13 @@ def spec_of(model: ModelConfig) -> ModelSpec:
 @functools.lru_cache(maxsize=8)
 def _module_shape(target: str, args: Settings, code: str, label: str) -> CustomSpec:
     """Build the user's model once (its package imported from ``code``) and read its shape."""
-    from runtime.models.protocol import ModelError, ModelSource, TokenInputs, build_model
+    from runtime.models.protocol import (
+        ModelError,
+        ModelSource,
+        TokenInputs,
+        build_model,
+        owned_parameters,
+    )
 
     source = ModelSource(kind="module", target=target, args=args.to_dict())
     with _importable(code):
@@ -61,12 +67,7 @@ def _module_shape(target: str, args: Settings, code: str, label: str) -> CustomS
             parts = build_model(source, seed=0)
         except ModelError as error:
             raise UserError(str(error), field="model.module", fix=_MODULE_FIX) from None
-    seen: set[int] = set()
-    owned = []
-    for layer in parts.layers:  # a shared weight belongs to the first layer holding it
-        mine = [p for p in layer.parameters() if id(p) not in seen]
-        seen.update(id(p) for p in mine)
-        owned.append(sum(p.numel() for p in mine))
+    owned = [sum(p.numel() for p in mine) for mine in owned_parameters(parts.layers)]
     tokens = isinstance(parts.inputs, TokenInputs)
     return CustomSpec(
         name=label,

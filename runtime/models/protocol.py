@@ -22,7 +22,7 @@ its config class (``hf: gpt2`` with ``config``; models/hf.py).
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
@@ -136,6 +136,17 @@ def _imported(target: str) -> Callable[..., ModelParts]:
     if not callable(build):
         raise ModelError(f"{module_name} has no function {function!r} (model {target!r})")
     return build
+
+
+def owned_parameters(layers: Sequence[nn.Module]) -> list[list[nn.Parameter]]:
+    """Each layer's parameters, a shared one (the tied weight) in the first layer holding it."""
+    seen: set[int] = set()
+    owned = []
+    for layer in layers:
+        mine = [p for p in layer.parameters() if id(p) not in seen]
+        seen.update(id(p) for p in mine)
+        owned.append(mine)
+    return owned
 
 
 def check_parts(parts: object, *, what: str) -> None:

@@ -16,6 +16,19 @@ from contextlib import contextmanager
 
 import pytest
 
+# a Hugging Face GPT-2 small enough for two CPU cores; dropout off, because a pipeline's workers
+# draw their masks from other generators than one process does
+SMALL_GPT2 = {
+    "n_layer": 4,
+    "n_embd": 64,
+    "n_head": 4,
+    "n_positions": 32,
+    "vocab_size": 512,
+    "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "attn_pdrop": 0.0,
+}
+
 FAKE_AWS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",

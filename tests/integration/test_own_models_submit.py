@@ -18,20 +18,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
+from tests.integration.conftest import SMALL_GPT2  # noqa: E402
 from tests.integration.jobs import submit_job  # noqa: E402
 
 USER_PACKAGE = Path(__file__).parents[1] / "fixtures" / "usermodels" / "tiny_lm"
-# dropout off: the pipeline's workers draw masks from other generators than one process does
-GPT2 = {
-    "n_layer": 4,
-    "n_embd": 64,
-    "n_head": 4,
-    "n_positions": 32,
-    "vocab_size": 512,
-    "resid_pdrop": 0.0,
-    "embd_pdrop": 0.0,
-    "attn_pdrop": 0.0,
-}
 TOKENS = "s3://token-set/train"
 WINDOWS = 40  # in the token set: 30 steps of 8 samples are 6 epochs
 RECIPE = """\
@@ -97,7 +87,7 @@ def _token_set(endpoint: str) -> None:
     s3.create_bucket(Bucket="token-set")
     rng = np.random.default_rng(0)
     for name, windows in (("a.bin", 25), ("b.bin", 15)):
-        tokens = rng.integers(0, GPT2["vocab_size"], size=windows * 32 + 1, dtype=np.uint16)
+        tokens = rng.integers(0, SMALL_GPT2["vocab_size"], size=windows * 32 + 1, dtype=np.uint16)
         s3.put_object(Bucket="token-set", Key=f"train/{name}", Body=tokens.tobytes())
 
 
@@ -110,7 +100,7 @@ def test_a_gpt2_on_token_files_survives_a_preemption_with_one_process_losses(
 
     monkeypatch.setenv("AWS_ENDPOINT_URL_S3", s3_endpoint)  # the nodes' boto3 finds moto
     _token_set(s3_endpoint)
-    model = f"{{hf: gpt2, config: {json.dumps(GPT2)}, profile: auto}}"  # JSON is YAML
+    model = f"{{hf: gpt2, config: {json.dumps(SMALL_GPT2)}, profile: auto}}"  # JSON is YAML
     data = f'{{source: tokens, path: "{TOKENS}", log_samples: true}}'
     state = submit_job(_recipe(model, data=data, steps=30, preempt="[11]"), tmp_path, "hf-job")
 
@@ -118,7 +108,7 @@ def test_a_gpt2_on_token_files_survives_a_preemption_with_one_process_losses(
     assert any(e["event"] == "recovered" for e in events)
     planned = [e for e in events if e["event"] == "planned"]
     assert planned and planned[0]["plan_after"].startswith("PP2 x DP2 x TP1"), planned
-    source = ModelSource(kind="hf", target="gpt2", args=GPT2)
+    source = ModelSource(kind="hf", target="gpt2", args=SMALL_GPT2)
     _check_losses(state, _reference(source, 30, DataSource(kind="tokens", url=TOKENS)))
 
     committed = {}  # a step trained again after a rollback: its last commit counts

@@ -18,7 +18,7 @@ from orchestrator.plan import Plan, Replica, check_plan  # noqa: E402
 from runtime.models.protocol import ModelSource  # noqa: E402
 from runtime.reference import TrainConfig, workload_losses  # noqa: E402
 from runtime.workload import build_workload  # noqa: E402
-from tests.integration.conftest import local_ray  # noqa: E402
+from tests.integration.conftest import SMALL_GPT2, local_ray  # noqa: E402
 
 A1, B1 = "local/sim-us/sim-us-a", "local/sim-eu/sim-eu-a"
 CONFIG = TrainConfig(
@@ -26,21 +26,7 @@ CONFIG = TrainConfig(
 )
 CORPUS_BYTES = 2**18
 USER_PACKAGE = Path(__file__).parents[1] / "fixtures" / "usermodels" / "tiny_lm"
-# dropout off: a pipeline's workers draw their masks from other generators than one process does
-GPT2 = ModelSource(
-    kind="hf",
-    target="gpt2",
-    args={
-        "n_layer": 4,
-        "n_embd": 64,
-        "n_head": 4,
-        "n_positions": 32,
-        "vocab_size": 512,
-        "resid_pdrop": 0.0,
-        "embd_pdrop": 0.0,
-        "attn_pdrop": 0.0,
-    },
-)
+GPT2 = ModelSource(kind="hf", target="gpt2", args=SMALL_GPT2)
 USER = ModelSource(kind="module", target="tiny_lm:build", args={"depth": 4, "width": 48})
 # the same sums in another order (replicas, the tied weight's two stages): the last bits differ,
 # and bf16's rounding of the forward carries them further (measured: 1.9e-5 over 5 steps)

@@ -14,7 +14,12 @@ torch = pytest.importorskip("torch")
 from orchestrator.errors import RecipeError  # noqa: E402
 from orchestrator.recipe import parse_recipe  # noqa: E402
 from orchestrator.recipe.models import model_label, model_source, spec_of  # noqa: E402
-from runtime.models.protocol import ModelError, ModelSource, build_model  # noqa: E402
+from runtime.models.protocol import (  # noqa: E402
+    ModelError,
+    ModelSource,
+    build_model,
+    owned_parameters,
+)
 
 SMALL = {"n_layer": 2, "n_embd": 32, "n_head": 4, "n_positions": 16, "vocab_size": 300}
 USER_PACKAGES = Path(__file__).parents[1] / "fixtures" / "usermodels"
@@ -44,12 +49,7 @@ def test_a_gpt2s_shape_is_what_its_layers_hold():
         f"model: {{hf: gpt2, config: {SMALL}}}\n" + TRAINING, file="r.yaml", folder=Path(".")
     )
     spec = spec_of(recipe.model)
-    seen: set[int] = set()
-    owned = []
-    for layer in parts.layers:  # a shared weight belongs to the first layer holding it
-        mine = [p for p in layer.parameters() if id(p) not in seen]
-        seen.update(id(p) for p in mine)
-        owned.append(sum(p.numel() for p in mine))
+    owned = [sum(p.numel() for p in mine) for mine in owned_parameters(parts.layers)]
     assert tuple(owned) == spec.layer_parameters()
     assert spec.seq_len == 16 and spec.tied_parameters() == 300 * 32
     assert model_label(recipe.model) == "hf:gpt2"
