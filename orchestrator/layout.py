@@ -12,18 +12,21 @@ from runtime.layout import Layout, Link, WorkerSpec
 def layout_from_plan(
     plan: Plan, *, model: str, devices: Mapping[str, str] | None = None, network=None
 ) -> Layout:
-    """The runtime's view of ``plan``: one worker per replica of each stage, stage-major ranks.
+    """The runtime's view of ``plan``: one worker per GPU of each replica of each stage (``tp``
+    workers in a row for a tensor-parallel replica), stage-major ranks.
     ``devices``: "cuda" or "cpu" per place (runtime.group.place_devices; missing: "cpu").
     With ``network`` (the simulator's NetworkView), traffic between distinct places is emulated
     with the latency and bandwidth the simulator assumes for them (at the plan's stream count)."""
     devices = devices or {}
-    wide = sorted({r.tp for stage in plan.stages for r in stage.replicas if r.tp > 1})
-    if wide:
-        raise UserError(
-            f"the runtime does not run tensor parallelism yet (tp={wide[0]} in the plan)",
-            field="tp",
-            fix="plan with tp: 1 (the planner's constraints: tp_degrees: [1])",
-        )
+    for s, stage in enumerate(plan.stages):
+        degrees = sorted({r.tp for r in stage.replicas})
+        if len(degrees) > 1:
+            raise UserError(
+                f"stage {s} has replicas of tensor-parallel degrees {degrees}: the runtime sums a "
+                "stage's gradients shard by shard, so its replicas must share one degree",
+                field=f"stages[{s}].replicas.tp",
+                fix="give every replica of a stage the same tp (stages may differ)",
+            )
     micro = plan.microbatches()
     workers = tuple(
         WorkerSpec(
@@ -32,9 +35,12 @@ def layout_from_plan(
             place=replica.infra,
             device=devices.get(replica.infra, "cpu"),
             microbatches=micro[i],
+            tp=replica.tp,
+            tp_rank=t,
         )
         for s, stage in enumerate(plan.stages)
         for i, replica in enumerate(stage.replicas)
+        for t in range(replica.tp)
     )
     return Layout(
         model=model,

@@ -136,7 +136,11 @@ class StageWorker:
                 self.checkpointer.close()
             store = open_store(store_url, endpoint_url=endpoint_url)
             self.checkpointer = Checkpointer(
-                store, job, stage=self.runner.stage, replica=self.runner.replica
+                store,
+                job,
+                stage=self.runner.stage,
+                replica=self.runner.replica,
+                tp_rank=self.runner.tp_rank,
             )
             self.checkpointer_target = target
         return self.checkpointer.save(step, self.runner.state_dict())
@@ -164,10 +168,15 @@ class StageWorker:
         self.done = None  # the steps after ``step`` are trained again
         runner.applied = step + 1
         manifest = manifest or checkpoint.read_manifest(store, job, step)
-        mine = {"stage": runner.stage, "replica": runner.replica, "manifest": manifest}
+        mine = {
+            "stage": runner.stage,
+            "replica": runner.replica,
+            "tp_rank": runner.tp_rank,
+            "manifest": manifest,
+        }
         if checkpoint.has_state(store, job, step, **mine):
             state = checkpoint.load(store, job, step, **mine)
-            if tuple(state["layers"]) == tuple(self.layout.layers[runner.stage]):
+            if runner.holds_same(state):
                 runner.load_state_dict(state)  # the same worker of the same layout: exactly
                 return
         # written by another layout: take this stage's layers from the stages that held them
@@ -189,7 +198,13 @@ class StageWorker:
             return None
         store = open_store(store_url, endpoint_url=endpoint_url)
         return checkpoint.write_entry(
-            store, job, step, state, stage=self.runner.stage, replica=self.runner.replica
+            store,
+            job,
+            step,
+            state,
+            stage=self.runner.stage,
+            replica=self.runner.replica,
+            tp_rank=self.runner.tp_rank,
         )
 
     def close(self) -> None:

@@ -3,6 +3,7 @@
 Layout in an ObjectStore (storage.py: a local folder or S3)::
 
     <job>/step-00000002/stage-0-replica-1.pt    torch.save of {identity, StageRunner.state_dict()}
+    <job>/step-00000002/stage-1-replica-0-tp-1.pt  a tensor-parallel group's other workers' shards
     <job>/step-00000002/manifest.json           every worker's key, sha256 and size, signed: the
                                                 commit (manifest.py)
 
@@ -69,6 +70,7 @@ class CheckpointEntry:
     sha256: str
     size_bytes: int
     write_s: float  # serialise + hash + put, on the writer thread (training did not wait for it)
+    tp_rank: int = 0  # the worker's rank in its tensor-parallel group
 
 
 @dataclass(frozen=True)
@@ -106,8 +108,14 @@ def step_prefix(job: str, step: int) -> str:
     return f"{job}/step-{step:08d}/"
 
 
-def object_key(job: str, step: int, stage: int, replica: int) -> str:
-    return f"{step_prefix(job, step)}stage-{stage}-replica-{replica}.pt"
+def object_key(job: str, step: int, stage: int, replica: int, tp_rank: int = 0) -> str:
+    shard = f"-tp-{tp_rank}" if tp_rank else ""
+    return f"{step_prefix(job, step)}stage-{stage}-replica-{replica}{shard}.pt"
+
+
+def _identity(job: str, step: int, stage: int, replica: int, tp_rank: int) -> dict:
+    identity = {"job": job, "step": step, "stage": stage, "replica": replica}
+    return identity | ({"tp_rank": tp_rank} if tp_rank else {})  # as written before TP
 
 
 def manifest_key(job: str, step: int) -> str:
@@ -147,9 +155,12 @@ class _Job:
 class Checkpointer:
     """One worker's checkpoint writer: ``save`` copies and queues, one thread writes, in order."""
 
-    def __init__(self, store: ObjectStore, job: str, *, stage: int, replica: int) -> None:
+    def __init__(
+        self, store: ObjectStore, job: str, *, stage: int, replica: int, tp_rank: int = 0
+    ) -> None:
         _check_job(job)
         self.store, self.job, self.stage, self.replica = store, job, stage, replica
+        self.tp_rank = tp_rank
         self._queue: queue.Queue[_Job | None] = queue.Queue()
         self._done = threading.Condition()
         self._pending = 0
@@ -193,7 +204,7 @@ class Checkpointer:
 
     def _write_loop(self) -> None:
         while (job := self._queue.get()) is not None:
-            key = object_key(self.job, job.step, self.stage, self.replica)
+            key = object_key(self.job, job.step, self.stage, self.replica, self.tp_rank)
             try:
                 entry = self._write(job)
             # any failure (storage, pickling, torch.save) must reach wait(); uncaught, it would
@@ -217,23 +228,37 @@ class Checkpointer:
 
     def _write(self, job: _Job) -> CheckpointEntry:
         return write_entry(
-            self.store, self.job, job.step, job.state, stage=self.stage, replica=self.replica
+            self.store,
+            self.job,
+            job.step,
+            job.state,
+            stage=self.stage,
+            replica=self.replica,
+            tp_rank=self.tp_rank,
         )
 
 
 def write_entry(
-    store: ObjectStore, job: str, step: int, state: object, *, stage: int, replica: int
+    store: ObjectStore,
+    job: str,
+    step: int,
+    state: object,
+    *,
+    stage: int,
+    replica: int,
+    tp_rank: int = 0,
 ) -> CheckpointEntry:
-    """Serialise ``state`` with what it is (job, step, stage, replica) and put it at its key, now
-    (the writer thread's work, and a survivor's rescue write)."""
+    """Serialise ``state`` with what it is (job, step, stage, replica, tensor-parallel rank) and
+    put it at its key, now (the writer thread's work, and a survivor's rescue write)."""
     start = time.perf_counter()
-    key = object_key(job, step, stage, replica)
-    identity = {"job": job, "step": step, "stage": stage, "replica": replica}
+    key = object_key(job, step, stage, replica, tp_rank)
+    identity = _identity(job, step, stage, replica, tp_rank)
     data = serialize({"format": STATE_FORMAT, "identity": identity, "state": state})
     store.put(key, data)
     return CheckpointEntry(
         stage=stage,
         replica=replica,
+        tp_rank=tp_rank,
         key=key,
         sha256=hashlib.sha256(data).hexdigest(),
         size_bytes=len(data),
@@ -262,7 +287,7 @@ def commit(
                 f"cannot commit step {step} of {job!r}: {entry.key!r} is not in {store.url} "
                 f"under {prefix}; wait for every worker's write before committing"
             )
-    files = [asdict(e) for e in sorted(entries, key=lambda e: (e.stage, e.replica))]
+    files = [asdict(e) for e in sorted(entries, key=lambda e: (e.stage, e.replica, e.tp_rank))]
     key = manifest_key(job, step)
     store.put(key, manifests.encode(job, step, files, key=signing_key))
     prune(store, job, keep_last=keep_last)
@@ -351,14 +376,13 @@ def load(
     *,
     stage: int,
     replica: int,
+    tp_rank: int = 0,
     manifest: dict | None = None,
 ) -> dict:
     """One worker's state at ``step``, its checksum and identity verified against the manifest
     (``manifest``: one the caller verified already, e.g. the driver's)."""
     manifest = manifest or read_manifest(store, job, step)
-    entry = next(
-        (f for f in manifest["files"] if f["stage"] == stage and f["replica"] == replica), None
-    )
+    entry = next((f for f in manifest["files"] if _worker(f) == (stage, replica, tp_rank)), None)
     if entry is None:
         raise CheckpointError(
             f"step {step} of job {job!r} has no state for stage {stage} replica {replica}: it was "
@@ -374,22 +398,31 @@ def has_state(
     *,
     stage: int,
     replica: int,
+    tp_rank: int = 0,
     manifest: dict | None = None,
 ) -> bool:
     files = (manifest or read_manifest(store, job, step))["files"]
-    return any(f["stage"] == stage and f["replica"] == replica for f in files)
+    return any(_worker(f) == (stage, replica, tp_rank) for f in files)
+
+
+def _worker(entry: dict) -> tuple[int, int, int]:
+    return entry["stage"], entry["replica"], entry.get("tp_rank", 0)
 
 
 def load_stages(
     store: ObjectStore, job: str, step: int, *, manifest: dict | None = None
 ) -> list[dict]:
-    """One state per stage of the layout that wrote ``step`` (its lowest replica: after a step the
-    replicas of a stage hold the same weights and optimizer state), for runtime/reshard.py."""
-    chosen: dict[int, dict] = {}
-    for entry in (manifest or read_manifest(store, job, step))["files"]:
-        if entry["stage"] not in chosen or entry["replica"] < chosen[entry["stage"]]["replica"]:
-            chosen[entry["stage"]] = entry
-    return [_read_entry(store, job, step, chosen[s]) for s in sorted(chosen)]
+    """The states of one replica per stage of the layout that wrote ``step`` (its lowest: after a
+    step the replicas of a stage hold the same weights and optimizer state), each worker's of a
+    tensor-parallel group, for runtime/reshard.py."""
+    files = (manifest or read_manifest(store, job, step))["files"]
+    lowest: dict[int, int] = {}
+    for entry in files:
+        lowest[entry["stage"]] = min(lowest.get(entry["stage"], entry["replica"]), entry["replica"])
+    chosen = sorted(
+        (f for f in files if f["replica"] == lowest[f["stage"]]), key=lambda f: _worker(f)
+    )
+    return [_read_entry(store, job, step, entry) for entry in chosen]
 
 
 def _read_entry(store: ObjectStore, job: str, step: int, entry: dict) -> dict:
@@ -414,7 +447,7 @@ def _unwrap(document: object, store: ObjectStore, job: str, step: int, entry: di
         if isinstance(document, dict) and "module" in document:
             return document  # written before states named themselves
         raise CheckpointCorruptError(f"{store.url}: {entry['key']!r} is not a worker's state")
-    want = {"job": job, "step": step, "stage": entry["stage"], "replica": entry["replica"]}
+    want = _identity(job, step, *_worker(entry))
     if document.get("identity") != want:
         problem = (
             f"holds the state of {document.get('identity')}, not {want}: copied from elsewhere"

@@ -3,8 +3,8 @@ Ray's control.
 
 ``Comm`` joins the job's process group (gloo, on every rank) and creates, on every rank and in the
 same order (as torch.distributed requires), the groups the Layout names: each stage's
-data-parallel group, its zone and region groups and cross-region leaders for the hierarchical
-all-reduce. A group or pipeline pair whose members are all on CUDA in one place
+data-parallel group (one per tensor-parallel rank), its zone and region groups and cross-region
+leaders for the hierarchical all-reduce, and each replica's tensor-parallel group. A group or pipeline pair whose members are all on CUDA in one place
 (``Layout.on_nccl``) also gets an NCCL group, and its tensors go from GPU to GPU; every other
 exchange copies a GPU tensor to host memory, goes over gloo (across the overlay between locations,
 or to a CPU worker), and copies it back. NCCL's operations are asynchronous to the host: a receive
@@ -41,8 +41,8 @@ class Comm:
         timeout_s: float = 300,
         pipelines: bool = False,
     ) -> None:
-        """``pipelines``: also a group per pipeline (its stages of one replica), for what is
-        summed over a whole model (the gradient's norm: precision.py)."""
+        """``pipelines``: also a group per pipeline (every worker of one replica's stages), for
+        what is summed over a whole model (the gradient's norm: precision.py)."""
         self.layout, self.rank = layout, rank
         cuda = layout.workers[rank].device == "cuda"
         self.device = torch.device("cuda", torch.cuda.current_device()) if cuda else None
@@ -70,22 +70,27 @@ class Comm:
         layout = self.layout
         wanted: list[tuple[int, ...]] = []
         for s in range(layout.num_stages):
-            wanted.append(layout.dp_group(s))
-            wanted += layout.zone_groups(s)
-            wanted += layout.region_groups(s)
-            wanted.append(layout.cross_region_group(s))
+            for t in range(layout.tp(s)):
+                wanted.append(layout.dp_group(s, t))
+                wanted += layout.zone_groups(s, t)
+                wanted += layout.region_groups(s, t)
+                wanted.append(layout.cross_region_group(s, t))
+            wanted += [layout.tp_group(s, i) for i in range(layout.replicas)]
         if pipelines:
-            wanted += [layout.pipeline(i) for i in range(layout.replicas)]
+            wanted += [layout.model_group(i) for i in range(layout.replicas)]
         for ranks in wanted:
             if len(ranks) > 1 and ranks not in self._groups:
                 self._groups[ranks] = dist.new_group(list(ranks))
         if not layout.uses_cuda:
             return
         # pipeline neighbours and the tied weight's two ends exchange point to point
-        for i in range(layout.replicas):
-            pipeline = layout.pipeline(i)
-            wanted += [tuple(sorted(p)) for p in zip(pipeline, pipeline[1:], strict=False)]
-            wanted.append(tuple(sorted((pipeline[0], pipeline[-1]))))
+        last = layout.num_stages - 1
+        for rank, worker in enumerate(layout.workers):
+            ends = [worker.stage - 1, worker.stage + 1]
+            ends += [last] if worker.stage == 0 else [0] if worker.stage == last else []
+            for stage in ends:
+                if 0 <= stage <= last and stage != worker.stage:
+                    wanted += [tuple(sorted((rank, p))) for p in layout.fanout(rank, stage)]
         for ranks in wanted:
             # every rank creates every NCCL group, members or not (torch.distributed's rule);
             # NCCL sets up its communicator at the group's first operation, on members only
@@ -95,6 +100,10 @@ class Comm:
 
     def group(self, ranks: tuple[int, ...]):
         return self._groups[ranks]
+
+    def process_group(self, ranks: tuple[int, ...]):
+        """The group to run ``ranks``' collectives on: NCCL's where it has one, else gloo's."""
+        return self._nccl.get(tuple(sorted(ranks))) or self._groups[ranks]
 
     def _pair(self, peer: int):
         """The NCCL group to ``peer``, or None: the pair talks over gloo (the default group)."""

@@ -95,19 +95,21 @@ class WorkerGroup:
         from ray.util.placement_group import placement_group, remove_placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        # the gang as one placement group: all workers get their slot in their place, or none do
+        # the gang as one placement group: all workers get their slot in their place, or none do;
+        # one bundle per tensor-parallel group (one worker without TP), so a group shares a node
+        leads = [r for r, w in enumerate(layout.workers) if w.tp_rank == 0]
         bundles = [
             {
-                "CPU": 1.0,
-                **({"GPU": gpu_share} if w.device == "cuda" else {}),
-                **({f"infra:{w.place}": 1.0} if by_place else {}),
+                "CPU": 1.0 * w.tp,
+                **({"GPU": gpu_share * w.tp} if w.device == "cuda" else {}),
+                **({f"infra:{w.place}": 1.0 * w.tp} if by_place else {}),
             }
-            for w in layout.workers
+            for w in (layout.workers[r] for r in leads)
         ]
         options = {} if name is None else {"name": f"{name}-gang", "lifetime": "detached"}
         if nodes is not None:
-            assert len(nodes) == len(bundles), "one node per rank"
-            options["bundle_label_selector"] = [{NODE_ID_LABEL: n} for n in nodes]
+            assert len(nodes) == layout.world_size, "one node per rank"
+            options["bundle_label_selector"] = [{NODE_ID_LABEL: nodes[r]} for r in leads]
         group = placement_group(bundles, strategy="PACK", **options)
         try:
             ray.get(group.ready(), timeout=timeout_s)
@@ -136,7 +138,10 @@ class WorkerGroup:
                         }
                     ),
                     scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        placement_group=group, placement_group_bundle_index=rank
+                        placement_group=group,
+                        placement_group_bundle_index=leads.index(
+                            rank - layout.workers[rank].tp_rank
+                        ),
                     ),
                 ).remote(layout, rank, config, corpus_bytes, model, data)
                 for rank in range(layout.world_size)
@@ -353,7 +358,7 @@ class WorkerGroup:
         deadline = time.monotonic() + timeout_s
         # done once every stage has a state: the dead worker's call may take the cluster's
         # health check (~1.5 s here) to fail
-        while pending and {e.stage for e in entries} != stages:
+        while pending and {e.stage for e in self._whole_groups(entries)} != stages:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
@@ -365,11 +370,24 @@ class WorkerGroup:
                     continue
                 if entry is not None:
                     entries.append(entry)
+        entries = self._whole_groups(entries)
         if {e.stage for e in entries} != stages:
             return False
         store = open_store(store_url, endpoint_url=endpoint_url)
         checkpoint.commit(store, job, step, entries, keep_last=keep_last, signing_key=signing_key)
         return True
+
+    def _whole_groups(self, entries: list) -> list:
+        """The entries of replicas whose every tensor-parallel worker wrote its state (a stage
+        is restored from one whole group's shards)."""
+        groups: dict[tuple[int, int], set[int]] = {}
+        for e in entries:
+            groups.setdefault((e.stage, e.replica), set()).add(e.tp_rank)
+        return [
+            e
+            for e in entries
+            if groups[(e.stage, e.replica)] == set(range(self.layout.tp(e.stage)))
+        ]
 
     def shutdown(self, *, graceful: bool = True, timeout_s: float = 60.0) -> None:
         """Stop every worker and free the gang's slots. ``graceful``: let workers finish their

@@ -24,7 +24,7 @@ import re
 
 FORMAT = 2  # 1: no signature (read when no key is given)
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_OBJECT = re.compile(r"^stage-\d+-replica-\d+\.pt$")
+_OBJECT = re.compile(r"^stage-\d+-replica-\d+(-tp-\d+)?\.pt$")
 
 
 class ManifestError(ValueError):
@@ -64,15 +64,15 @@ def decode(data: bytes, *, job: str, step: int, prefix: str, key: bytes | None) 
 def _check_files(files: object, prefix: str) -> None:
     if not isinstance(files, list) or not files:
         raise ManifestError("lists no files")
-    seen: set[tuple[int, int]] = set()
+    seen: set[tuple[int, int, int]] = set()
     for index, entry in enumerate(files):
         where = f"files[{index}]"
         if not isinstance(entry, dict):
             raise ManifestError(f"{where} is not an object")
-        stage, replica = entry.get("stage"), entry.get("replica")
-        if not all(_whole(v) for v in (stage, replica, entry.get("size_bytes"))):
+        stage, replica, tp_rank = entry.get("stage"), entry.get("replica"), entry.get("tp_rank", 0)
+        if not all(_whole(v) for v in (stage, replica, tp_rank, entry.get("size_bytes"))):
             raise ManifestError(
-                f"{where}: stage, replica and size_bytes must be whole numbers >= 0"
+                f"{where}: stage, replica, tp_rank and size_bytes must be whole numbers >= 0"
             )
         key = entry.get("key")
         if not isinstance(key, str) or not key.startswith(prefix):
@@ -81,10 +81,12 @@ def _check_files(files: object, prefix: str) -> None:
             raise ManifestError(f"{where}: key {key!r} is not stage-S-replica-R.pt")
         if not isinstance(entry.get("sha256"), str) or not _HEX64.match(entry["sha256"]):
             raise ManifestError(f"{where}: sha256 is not 64 hex digits")
-        if (stage, replica) in seen:
-            raise ManifestError(f"{where}: stage {stage} replica {replica} is listed twice")
-        seen.add((stage, replica))
-    stages = {stage for stage, _ in seen}
+        if (stage, replica, tp_rank) in seen:
+            raise ManifestError(
+                f"{where}: stage {stage} replica {replica} tp rank {tp_rank} is listed twice"
+            )
+        seen.add((stage, replica, tp_rank))
+    stages = {stage for stage, _, _ in seen}
     if stages != set(range(len(stages))):
         raise ManifestError(f"stages {sorted(stages)} are not 0 to {len(stages) - 1}")
 

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from runtime import checkpoint, reshard
+from runtime import tensor_parallel as tp
 from runtime.comm import Comm
 from runtime.compression import CrossRegionCompressor
 from runtime.layout import Layout, LayoutError
@@ -56,6 +57,7 @@ class StageRunner:
         self.slowdown = slowdown
         self.workload = workload
         self.stage, self.replica = worker.stage, worker.replica
+        self.tp, self.tp_rank = worker.tp, worker.tp_rank
         self.microbatches = worker.microbatches
         # every worker builds the whole model from the seed and keeps its stage: identical weights
         # everywhere without a broadcast (fine for the built-in sizes the CPU runtime trains)
@@ -68,14 +70,24 @@ class StageRunner:
         # the comm's device: this worker's GPU on a CUDA worker, else None (the host)
         self.device = comm.device
         self.module = nn.Sequential(*workload.layers[start:end]).to(self.device or "cpu")
-        self.parameters = list(self.module.parameters())
+        if self.tp > 1:  # the replica's workers split its layers (tensor_parallel.py)
+            tp.shard_stage(
+                self.module,
+                workload.tp_plan,
+                group=comm.process_group(layout.tp_group(self.stage, self.replica)),
+                device_type="cuda" if self.device is not None else "cpu",
+                model=layout.model,
+            )
+        # the optimizer, the gradient buffer and checkpoints see each parameter's local part
+        self.parameters = [tp.local(p) for p in self.module.parameters()]
+        self.split = [tp.shard_dim(p) is not None for p in self.module.parameters()]
         # gradients live in one flat buffer (each .grad a view of it): backward accumulates into
         # it in place and the all-reduce sends it as is, with no gather or scatter copy
         self.flat_grad = torch.zeros(sum(p.numel() for p in self.parameters), device=self.device)
         offset = 0
-        for p in self.parameters:
-            p.grad = self.flat_grad[offset : offset + p.numel()].view_as(p)
-            offset += p.numel()
+        for p, mine in zip(self.module.parameters(), self.parameters, strict=True):
+            tp.attach_grad(p, mine, self.flat_grad[offset : offset + mine.numel()].view_as(mine))
+            offset += mine.numel()
         self.first, self.last = self.stage == 0, self.stage == layout.num_stages - 1
         ends = layout.num_stages > 1 and (self.first or self.last)
         self.tied = workload.tied if ends else None  # summed across the first and last stage
@@ -90,6 +102,7 @@ class StageRunner:
         self.optimizer_names = [
             n for n, p in zip(names, self.parameters, strict=True) if not (defer and p is self.tied)
         ]
+        self.split_names = {n for n, split in zip(names, self.split, strict=True) if split}
         self._tied_pending = False
         self._tied_skip = False  # the step of the tied update in flight was skipped (fp16 inf)
         # fp16-mixed's loss scale, else None
@@ -140,12 +153,13 @@ class StageRunner:
     def _step(self, step: int) -> float | None:
         self.flush_tied()  # the previous step's tied update, before this step's first forward
         self.flat_grad.zero_()  # not zero_grad(): the .grad views must stay
-        logs = self.first and self.workload.sample_ids is not None
+        # one worker of a tensor-parallel group reports (its peers read the same samples)
+        logs = self.first and self.tp_rank == 0 and self.workload.sample_ids is not None
         self.last_sample_ids = [] if logs else None
-        # message numbers of this step's sends (see Comm.release): activations by microbatch, and
-        # input gradients in the order sent (microbatch order under 1F1B)
-        self._sent_forward: dict[int, int] = {}
-        self._sent_backward: list[int] = []
+        # message numbers of this step's sends per peer (see Comm.release): activations by
+        # microbatch, and input gradients in the order sent (microbatch order under 1F1B)
+        self._sent_forward: dict[int, dict[int, int]] = {}
+        self._sent_backward: list[dict[int, int]] = []
         kept: dict[int, tuple] = {}
         loss_sum = 0.0
         for kind, j in one_f_one_b(self.microbatches, self.layout.warmup[self.stage]):
@@ -168,7 +182,7 @@ class StageRunner:
         self.comm.finish_sends()
         self._sync_gradients()
         self.memory.sample()
-        return loss_sum if self.last else None
+        return loss_sum if self.last and self.tp_rank == 0 else None
 
     def rescue_state(self, applied: int) -> dict | None:
         """A copy of this worker's state if its weights hold exactly ``applied`` steps, taken
@@ -187,11 +201,14 @@ class StageRunner:
         return self._state()
 
     def _state(self) -> dict:
+        module, dims = tp.local_state(self.module)
         return {
             "stage": self.stage,
             "replica": self.replica,
             "layers": self.layout.layers[self.stage],
-            "module": self.module.state_dict(),
+            # this worker's shards: the dimension each split tensor is cut on, and how many ways
+            "tp": {"rank": self.tp_rank, "degree": self.tp, "dims": dims},
+            "module": module,
             "optimizer": self.optimizer.state_dict(),
             "param_names": list(self.optimizer_names),  # for restoring into other layouts
             "tied_optimizer": self.tied_optimizer.state_dict() if self.tied_optimizer else None,
@@ -203,12 +220,14 @@ class StageRunner:
 
     def load_state_dict(self, state: dict) -> None:
         self.flush_tied()  # take the sum in flight off the link, or it would meet the next receive
-        if tuple(state["layers"]) != tuple(self.layout.layers[self.stage]):
+        if not self.holds_same(state):
             raise LayoutError(
-                f"checkpoint holds layers {state['layers']}, this stage runs "
-                f"{self.layout.layers[self.stage]}: restore with the layout it was written by"
+                f"checkpoint holds layers {state['layers']} at tensor-parallel degree "
+                f"{reshard.tp_of(state)['degree']}, this stage runs "
+                f"{self.layout.layers[self.stage]} at {self.tp}: restore with the layout it was "
+                "written by"
             )
-        self.module.load_state_dict(state["module"])
+        tp.load_local_state(self.module, state["module"])
         self.optimizer.load_state_dict(state["optimizer"])
         if self.tied_optimizer is not None:
             self.tied_optimizer.load_state_dict(state["tied_optimizer"])
@@ -220,10 +239,28 @@ class StageRunner:
         if self.scaler is not None and state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
 
+    def holds_same(self, state: dict) -> bool:
+        """Whether ``state`` is this worker's part of the model (same layers, same shards)."""
+        saved = reshard.tp_of(state)
+        return tuple(state["layers"]) == tuple(self.layout.layers[self.stage]) and (
+            saved["degree"],
+            saved["rank"],
+        ) == (self.tp, self.tp_rank)
+
     def load_resharded(self, states: list[dict]) -> None:
         """Take this stage's layers from the states of another layout's stages (reshard.py)."""
         self.flush_tied()
         tensors, optimizer_states = reshard.merged(states)
+        if self.tp > 1:  # cut this worker's shards from the whole tensors
+            start = self.layout.layers[self.stage][0]
+            _, dims = tp.local_state(self.module)
+            tensors, optimizer_states = reshard.cut(
+                tensors,
+                optimizer_states,
+                {reshard.global_key(start, key): dim for key, dim in dims.items()},
+                rank=self.tp_rank,
+                degree=self.tp,
+            )
         reshard.load_module(self.module, self.layout.layers[self.stage][0], tensors)
         reshard.load_optimizer(self.optimizer, self.optimizer_names, optimizer_states)
         if self.tied_optimizer is not None:
@@ -249,7 +286,7 @@ class StageRunner:
                 mbs = layout.microbatch_size
                 self.last_sample_ids += self.workload.sample_ids(first + j * mbs, mbs)
         else:
-            source = layout.rank(self.stage - 1, self.replica)
+            source = layout.peer_rank(self.rank, self.stage - 1)
             shape, dtype = self.activation
             inputs = self.comm.recv(shape, dtype, source, phase="p2p_forward")
             inputs.requires_grad_()
@@ -259,41 +296,45 @@ class StageRunner:
             if self.last:
                 scale = layout.microbatch_size / self.config.global_batch_size
                 return inputs, self.workload.loss(outputs, self._samples(step, j)[1]) * scale
-        self._sent_forward[j] = self.comm.send(
-            outputs.detach(), layout.rank(self.stage + 1, self.replica)
-        )
+        self._sent_forward[j] = self._send(outputs.detach(), self.stage + 1)
         return inputs, outputs
+
+    def _send(self, tensor: torch.Tensor, stage: int) -> dict[int, int]:
+        """Send ``tensor`` to the workers of ``stage`` that take it from this one (one, unless
+        the stages' tensor-parallel degrees differ); their message numbers by peer."""
+        return {peer: self.comm.send(tensor, peer) for peer in self.layout.fanout(self.rank, stage)}
 
     def _backward(self, j: int, inputs: torch.Tensor, outputs: torch.Tensor) -> None:
         layout = self.layout
         if self.last:
             outputs.backward()
         else:
-            source = layout.rank(self.stage + 1, self.replica)
+            source = layout.peer_rank(self.rank, self.stage + 1)
             grad = self.comm.recv(tuple(outputs.shape), outputs.dtype, source, phase="p2p_backward")
-            self.comm.release(source, self._sent_forward.pop(j))  # its gradient came back
+            sent = self._sent_forward.pop(j)
+            if source in sent:  # its gradient came back
+                self.comm.release(source, sent[source])
             outputs.backward(grad)
         if not self.first:
-            self._sent_backward.append(
-                self.comm.send(inputs.grad, layout.rank(self.stage - 1, self.replica))
-            )
+            self._sent_backward.append(self._send(inputs.grad, self.stage - 1))
 
     def _release_gradients(self, source: int, j: int) -> None:
         """Activation ``j`` came from the previous stage, which (1F1B) sent it right after its
         backward of microbatch ``j - warmup - 1``: the gradients sent to it up to that one arrived."""
         done = j - min(self.layout.warmup[self.stage - 1], self.microbatches) - 1
-        if 0 <= done < len(self._sent_backward):
-            self.comm.release(source, self._sent_backward[done])
+        if 0 <= done < len(self._sent_backward) and source in self._sent_backward[done]:
+            self.comm.release(source, self._sent_backward[done][source])
 
     def _sync_gradients(self) -> None:
         """Sum gradients over the stage's replicas (a flat ring, or inside each region, across
-        regions and back), then the tied weight's two uses over the pipeline's first and last
+        regions and back; with tensor parallelism, shard by shard between the replicas' workers
+        of one rank), then the tied weight's two uses over the pipeline's first and last
         stage."""
         flat, layout = self.flat_grad, self.layout
-        if layout.allreduce == "flat" or len(layout.region_groups(self.stage)) == 1:
+        if layout.allreduce == "flat" or len(layout.region_groups(self.stage, self.tp_rank)) == 1:
             # one region: nothing to cross, the hierarchy is one ring (as simulator/collectives.py
             # models it); a reduce and a broadcast would move every byte twice
-            self.comm.all_reduce(flat, layout.dp_group(self.stage))
+            self.comm.all_reduce(flat, layout.dp_group(self.stage, self.tp_rank))
         else:
             self._hierarchical(flat)
         if self.tied is not None:
@@ -305,16 +346,17 @@ class StageRunner:
         first and sends its share; the first stage adds it and sends the sum back before its optimizer
         step. The last stage applies that sum at the start of the next step (``flush_tied``), while
         the next step's first microbatch is still on its way to it. Same sum, same update, as one
-        process stepping one weight."""
-        pipeline = self.layout.pipeline(self.replica)
-        grad = self.tied.grad
+        process stepping one weight. (With tensor parallelism every worker of both stages holds
+        the whole tied weight: each pairs with its ``peer_rank`` on the other end.)"""
+        grad, last = self.tied.grad, self.layout.num_stages - 1
         if self.last:
-            self.comm.send(grad.clone(), pipeline[0])  # a copy: the buffer is zeroed next step
+            self._send(grad.clone(), 0)  # a copy: the buffer is zeroed next step
             self._tied_pending = True
         else:
-            grad += self.comm.recv(tuple(grad.shape), grad.dtype, pipeline[-1], phase="tied_sync")
+            source = self.layout.peer_rank(self.rank, last)
+            grad += self.comm.recv(tuple(grad.shape), grad.dtype, source, phase="tied_sync")
             if not self._whole_model:  # nothing to unscale or clip: the sum goes back at once
-                self.comm.send(grad.clone(), pipeline[-1])
+                self._send(grad.clone(), last)
 
     def _finish_gradients(self) -> bool:
         """Unscale (fp16-mixed) and clip the summed gradient over the whole pipeline; hand the
@@ -335,7 +377,7 @@ class StageRunner:
             self.grads_finite = bool(torch.isfinite(self.flat_grad).all())
         if self.tied is not None and self._whole_model:
             if self.first:  # the sum, unscaled and clipped like every other gradient
-                self.comm.send(self.tied.grad.clone(), self.layout.pipeline(self.replica)[-1])
+                self._send(self.tied.grad.clone(), self.layout.num_stages - 1)
             else:
                 self._tied_skip = found_inf
         return not found_inf
@@ -343,10 +385,16 @@ class StageRunner:
     def _global_factor(self, clip: float | None) -> tuple[bool, float]:
         """(an inf or NaN somewhere, the factor to scale the summed gradient by), from one
         all-reduce of the pipeline's sums of squares; the last stage's copy of the tied weight
-        holds its share only (the first stage's holds the sum) and is not counted."""
-        grads = [p.grad for p in self.parameters if not (self.last and p is self.tied)]
+        holds its share only (the first stage's holds the sum) and is not counted. A split
+        parameter counts each worker's shard; a whole one, held by every worker of a
+        tensor-parallel group, counts once (its rank 0's)."""
+        grads = [
+            p.grad
+            for p, split in zip(self.parameters, self.split, strict=True)
+            if not (self.last and p is self.tied) and (split or self.tp_rank == 0)
+        ]
         total = squares(grads).to(self.flat_grad.device)
-        self.comm.all_reduce(total, self.layout.pipeline(self.replica))
+        self.comm.all_reduce(total, self.layout.model_group(self.replica))
         value = float(total.item())
         if not math.isfinite(value):
             return True, 1.0
@@ -357,7 +405,7 @@ class StageRunner:
         """Apply the tied weight's update the first stage sent, if one is still to come."""
         if not self._tied_pending:
             return
-        grad, first = self.tied.grad, self.layout.pipeline(self.replica)[0]
+        grad, first = self.tied.grad, self.layout.peer_rank(self.rank, 0)
         grad.copy_(self.comm.recv(tuple(grad.shape), grad.dtype, first, phase="tied_sync"))
         if not self._tied_skip:
             self.tied_optimizer.step()
@@ -371,10 +419,10 @@ class StageRunner:
         """Reduce inside the region to its leader, all-reduce between region leaders, broadcast
         back inside the region (simulator/collectives.py models the same three phases)."""
         layout, s, rank = self.layout, self.stage, self.rank
-        region = next(g for g in layout.region_groups(s) if rank in g)
+        region = next(g for g in layout.region_groups(s, self.tp_rank) if rank in g)
         self.comm.reduce(flat, region)
         if rank == region[0]:
-            leaders = layout.cross_region_group(s)
+            leaders = layout.cross_region_group(s, self.tp_rank)
             if self.compressor is not None:
                 self.comm.compressed_all_reduce(
                     flat, leaders, self.compressor, sample=self.memory.sample

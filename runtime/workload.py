@@ -7,7 +7,7 @@ both, so any stage of any replica can draw its own inputs or targets.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +50,8 @@ class Workload:
     tied: nn.Parameter | None = None  # a weight the first and last layer share, if any
     # the set's sample ids that samples (first, count) reads, where the source logs them
     sample_ids: Callable[[int, int], list[int]] | None = None
+    # how tensor parallelism splits a layer (models/protocol.py), None: the model has no plan
+    tp_plan: Callable[[nn.Module], Mapping[str, object]] | None = None
 
     def boundary(self, layer: int, microbatch_size: int) -> tuple[tuple[int, ...], torch.dtype]:
         """Shape and dtype of the activation entering ``layer`` for one microbatch."""
@@ -76,6 +78,7 @@ def build_workload(
         loss=parts.loss,
         inputs=parts.inputs,
         tied=parts.tied,
+        tp_plan=parts.tp_plan,
     )
     if data is not None and data.kind == "tokens":
         _read_tokens(workload, data, seed=seed, label=source.label)

@@ -11,7 +11,7 @@ def build_builtin(name: str, *, seed: int) -> ModelParts:
     if spec is None:
         raise ModelError(f"no built-in model {name!r}; built-in: {', '.join(BUILTIN_MODELS)}")
     if isinstance(spec, GptSpec):
-        from runtime.models.gpt import build_layers, next_token_loss
+        from runtime.models.gpt import build_layers, next_token_loss, tp_plan
 
         layers = build_layers(spec, seed=seed)
         return ModelParts(
@@ -19,6 +19,7 @@ def build_builtin(name: str, *, seed: int) -> ModelParts:
             loss=next_token_loss,
             inputs=TokenInputs(seq_len=spec.seq_len, vocab_size=spec.vocab_size),
             tied=layers[0].tokens.weight if spec.tied_embeddings else None,
+            tp_plan=tp_plan,
         )
     from runtime.models.cnn import build_layers as build_cnn
     from runtime.models.cnn import classification_loss

@@ -46,34 +46,40 @@ class Attention(nn.Module):
         self.heads, self.kv_heads = spec.num_heads, spec.num_kv_heads or spec.num_heads
         self.head_dim = spec.hidden_size // spec.num_heads
         kv_size = self.kv_heads * self.head_dim
+        # q, k and v apart (not one fused matrix): tensor parallelism splits each by heads
         self.q = nn.Linear(spec.hidden_size, spec.hidden_size, bias=spec.bias)
-        self.kv = nn.Linear(spec.hidden_size, 2 * kv_size, bias=spec.bias)
+        self.k = nn.Linear(spec.hidden_size, kv_size, bias=spec.bias)
+        self.v = nn.Linear(spec.hidden_size, kv_size, bias=spec.bias)
         self.out = nn.Linear(spec.hidden_size, spec.hidden_size, bias=spec.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, seq, hidden = x.shape
-        q = self.q(x).view(batch, seq, self.heads, self.head_dim).transpose(1, 2)
-        k, v = self.kv(x).view(batch, seq, 2, self.kv_heads, self.head_dim).unbind(2)
-        k, v = k.transpose(1, 2), v.transpose(1, 2)
-        if self.kv_heads != self.heads:  # grouped-query attention: share each k/v head
-            repeat = self.heads // self.kv_heads
+        # head counts from the shapes: under tensor parallelism a worker holds some heads only
+        batch, seq, _ = x.shape
+        q = self.q(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        k = self.k(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        v = self.v(x).view(batch, seq, -1, self.head_dim).transpose(1, 2)
+        if k.shape[1] != q.shape[1]:  # grouped-query attention: share each k/v head
+            repeat = q.shape[1] // k.shape[1]
             k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(batch, seq, hidden))
+        return self.out(y.transpose(1, 2).reshape(batch, seq, -1))
 
 
 class Mlp(nn.Module):
     def __init__(self, spec: GptSpec) -> None:
         super().__init__()
-        self.gated = spec.gated_mlp
-        width = spec.ffn_hidden_size * (2 if self.gated else 1)
-        self.up = nn.Linear(spec.hidden_size, width, bias=spec.bias)
+        # SwiGLU's gate apart from up (not one fused matrix), for tensor parallelism
+        self.gate = (
+            nn.Linear(spec.hidden_size, spec.ffn_hidden_size, bias=spec.bias)
+            if spec.gated_mlp
+            else None
+        )
+        self.up = nn.Linear(spec.hidden_size, spec.ffn_hidden_size, bias=spec.bias)
         self.down = nn.Linear(spec.ffn_hidden_size, spec.hidden_size, bias=spec.bias)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gated:
-            gate, up = self.up(x).chunk(2, dim=-1)
-            return self.down(F.silu(gate) * up)
+        if self.gate is not None:
+            return self.down(F.silu(self.gate(x)) * self.up(x))
         return self.down(F.gelu(self.up(x)))
 
 
@@ -128,6 +134,30 @@ def _init(module: nn.Module, spec: GptSpec) -> None:
             nn.init.normal_(parameter, std=INIT_STD / math.sqrt(2 * spec.num_blocks))
         else:
             nn.init.normal_(parameter, std=INIT_STD)
+
+
+# Megatron-LM's split of a block (as torchtitan's plans write it for torch's tensor parallelism):
+# q, k, v and the MLP's inputs by output columns (heads, hidden units), the attention's and the
+# MLP's outputs by input rows, so a block's two all-reduces are its only communication. Norms,
+# embeddings and the head stay whole on every worker of the group.
+BLOCK_TP_PLAN = {
+    "attention.q": "colwise",
+    "attention.k": "colwise",
+    "attention.v": "colwise",
+    "attention.out": "rowwise",
+    "mlp.up": "colwise",
+    "mlp.down": "rowwise",
+}
+
+
+def tp_plan(layer: nn.Module) -> dict[str, str]:
+    """The tensor-parallel plan of one layer (models/protocol.py): blocks split, the rest whole."""
+    if not isinstance(layer, Block):
+        return {}
+    plan = dict(BLOCK_TP_PLAN)
+    if layer.mlp.gate is not None:
+        plan["mlp.gate"] = "colwise"
+    return plan
 
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,10 @@ initialised by transformers' own scheme under ``seed``, or loaded with ``from_pr
 The layers a pipeline may cut between: ``[embedding (token + position embeddings, dropout), block
 x n_layer, head (final norm, LM head)]``, the head's weight tied to the token embedding as in the
 model itself. A block is called as the model calls it (no cache, no attention mask: causal
-attention within the sequence), and hands on its hidden states only.
+attention within the sequence), and hands on its hidden states only. GPT-2's ``Conv1D``
+projections become ``nn.Linear`` (the same numbers, transposed) and its fused ``c_attn`` three
+linears ``q``, ``k``, ``v``, at every tensor-parallel degree, so checkpoints name the same
+tensors whatever the degree; ``tp_plan`` splits them as Megatron-LM does.
 
 Families: GPT-2 (``gpt2``). Another family needs its own split here (where its embeddings,
 blocks and head live): say which, and we add it.
@@ -46,8 +49,63 @@ class HiddenStates(nn.Module):
         self.block = block
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        attention = self.block.attn
+        # the q|k|v split as this worker holds it (some heads only under tensor parallelism)
+        attention.split_size = attention.c_attn.width()
         out = self.block(x)
         return out[0] if isinstance(out, tuple) else out
+
+
+class QKV(nn.Module):
+    """GPT-2's fused ``c_attn`` as three linears, returning ``q|k|v`` concatenated as it did."""
+
+    def __init__(self, fused: nn.Module, hidden: int) -> None:
+        super().__init__()
+        weight, bias = fused.weight.detach(), fused.bias.detach()  # Conv1D: (in, 3 * hidden)
+        self.q, self.k, self.v = (
+            _linear(weight[:, i * hidden : (i + 1) * hidden], bias[i * hidden : (i + 1) * hidden])
+            for i in range(3)
+        )
+
+    def width(self) -> int:
+        weight = self.q.weight
+        return (weight.to_local() if hasattr(weight, "to_local") else weight).shape[0]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cat([self.q(x), self.k(x), self.v(x)], dim=-1)
+
+
+def _linear(weight: torch.Tensor, bias: torch.Tensor) -> nn.Linear:
+    """An ``nn.Linear`` computing what a ``Conv1D`` of ``weight`` (in, out) and ``bias`` does."""
+    linear = nn.Linear(weight.shape[0], weight.shape[1], device=weight.device, dtype=weight.dtype)
+    with torch.no_grad():
+        linear.weight.copy_(weight.t())
+        linear.bias.copy_(bias)
+    return linear
+
+
+def _as_linears(block: nn.Module, hidden: int) -> None:
+    """Swap a GPT2Block's Conv1D projections for linears (see the module's docstring)."""
+    attention, mlp = block.attn, block.mlp
+    attention.c_attn = QKV(attention.c_attn, hidden)
+    attention.c_proj = _linear(attention.c_proj.weight.detach(), attention.c_proj.bias.detach())
+    mlp.c_fc = _linear(mlp.c_fc.weight.detach(), mlp.c_fc.bias.detach())
+    mlp.c_proj = _linear(mlp.c_proj.weight.detach(), mlp.c_proj.bias.detach())
+
+
+GPT2_TP_PLAN = {
+    "block.attn.c_attn.q": "colwise",
+    "block.attn.c_attn.k": "colwise",
+    "block.attn.c_attn.v": "colwise",
+    "block.attn.c_proj": "rowwise",
+    "block.mlp.c_fc": "colwise",
+    "block.mlp.c_proj": "rowwise",
+}
+
+
+def gpt2_tp_plan(layer: nn.Module) -> dict[str, str]:
+    """Blocks split by heads and hidden units (Megatron-LM's plan); embeddings and head whole."""
+    return dict(GPT2_TP_PLAN) if isinstance(layer, HiddenStates) else {}
 
 
 class GPT2Head(nn.Module):
@@ -93,6 +151,8 @@ def build_hf(family: str, config: dict, *, seed: int, weights: str | None = None
     model.train()
     body = model.transformer
     layers: list[nn.Module] = [GPT2Embedding(body.wte, body.wpe, body.drop)]
+    for block in body.h:
+        _as_linears(block, model.config.n_embd)
     layers += [HiddenStates(block) for block in body.h]
     layers.append(GPT2Head(body.ln_f, model.lm_head))
     tied = body.wte.weight if model.lm_head.weight is body.wte.weight else None
@@ -101,6 +161,7 @@ def build_hf(family: str, config: dict, *, seed: int, weights: str | None = None
         loss=next_token_loss,
         inputs=TokenInputs(seq_len=model.config.n_positions, vocab_size=model.config.vocab_size),
         tied=tied,
+        tp_plan=gpt2_tp_plan,
     )
 
 

@@ -13,6 +13,13 @@ layers, so all replicas start equal with no broadcast. docs/models.md has a work
   ``ImageInputs(image_size, num_classes)``; the job's data source is checked against it.
 - ``tied``: a parameter the first and the last layer share (tied input and output embeddings),
   or None. Pipelines that put them on different stages keep the two copies equal.
+- ``tp_plan(layer) -> {submodule: style}``: how tensor parallelism splits a layer, or None when
+  the model has no plan (the planner then plans no tensor parallelism for it). A style is
+  ``"colwise"`` or ``"rowwise"`` (torch's ``ColwiseParallel`` / ``RowwiseParallel``; those need
+  ``nn.Linear`` or ``nn.Embedding`` submodules) or a ``ParallelStyle`` of
+  ``torch.distributed.tensor.parallel``; a layer left whole gets ``{}``. A layer's forward must
+  read head counts from its tensors' shapes (``view(batch, seq, -1, head_dim)``): a worker of a
+  tensor-parallel group holds some of the heads only.
 
 A recipe names a model three ways (``ModelSource``): a built-in one (``name``), the user's
 function (``module: "my_pkg.model:build"`` with ``args``), or a Hugging Face causal LM built from
@@ -54,6 +61,7 @@ class ModelParts:
     loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     inputs: TokenInputs | ImageInputs
     tied: nn.Parameter | None = None
+    tp_plan: Callable[[nn.Module], Mapping[str, object]] | None = None
 
     def __post_init__(self) -> None:
         self.layers = list(self.layers)
@@ -162,6 +170,8 @@ def check_parts(parts: object, *, what: str) -> None:
         raise ModelError(f"model {what}: loss must be a function (output, targets) -> tensor")
     if not isinstance(parts.inputs, TokenInputs | ImageInputs):
         raise ModelError(f"model {what}: inputs must be TokenInputs(...) or ImageInputs(...)")
+    if parts.tp_plan is not None and not callable(parts.tp_plan):
+        raise ModelError(f"model {what}: tp_plan must be a function (layer) -> dict, or None")
     if parts.tied is not None:
         first = {id(p) for p in parts.layers[0].parameters()}
         last = {id(p) for p in parts.layers[-1].parameters()}

@@ -116,8 +116,10 @@ def test_gpt2_weights_come_from_a_saved_folder_when_given(tmp_path):
     saved.save_pretrained(tmp_path / "weights")
     source = ModelSource(kind="hf", target="gpt2", args=SMALL, weights=str(tmp_path / "weights"))
     parts = build_model(source, seed=0)  # the seed does not matter: the weights are loaded
+    hidden = SMALL["n_embd"]  # c_attn is q|k|v as linears: (out, in), Conv1D's transposed
     assert torch.equal(
-        parts.layers[1].block.attn.c_attn.weight, saved.transformer.h[0].attn.c_attn.weight
+        parts.layers[1].block.attn.c_attn.k.weight,
+        saved.transformer.h[0].attn.c_attn.weight[:, hidden : 2 * hidden].t(),
     )
     assert parts.tied is parts.layers[-1].lm_head.weight  # still tied after loading
     with pytest.raises(ModelError, match="is not a folder"):
