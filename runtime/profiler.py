@@ -23,6 +23,11 @@ counted once per storage, parameters excluded since they are counted as paramete
 of the output handed to the next layer. A parameter shared with an earlier layer (tied embeddings)
 belongs to the earlier layer, as in ``GptSpec.layer_parameters``.
 
+Tensor parallelism: given a process group (``tp_group``), every member runs this same measurement
+in step, its layers split by the model's plan (runtime/tensor_parallel.py) as a stage's workers
+hold them, so each time includes the layer's all-reduces over that group; sizes are one worker's
+shards.
+
 Times on CUDA come from CUDA events recorded on the stream; on CPU from ``time.perf_counter``. The
 result is plain data; the orchestrator turns it into a model profile (orchestrator/profiles/measured.py).
 """
@@ -38,8 +43,8 @@ import torch
 from torch import nn
 
 from runtime.memory import keep_freed_memory
-from runtime.models.gpt import build_layers, next_token_loss
-from runtime.models.protocol import ModelParts, TokenInputs, owned_parameters
+from runtime.models.gpt import build_layers, next_token_loss, tp_plan
+from runtime.models.protocol import ModelParts, ModelSource, TokenInputs, owned_parameters
 from runtime.models.specs import GptSpec
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -99,6 +104,7 @@ class ModelMeasurement:
     layers: Mapping[int, tuple[LayerTiming, ...]]  # microbatch size -> per layer
     elapsed_s: float  # wall time of the whole measurement
     method: str = "in-graph"  # "in-graph", or "per-layer" where the whole model did not fit
+    tp: int = 1  # the tensor-parallel degree the layers were split by (figures: one worker's)
 
 
 class _Clock:
@@ -144,14 +150,87 @@ def profile_gpt(spec: GptSpec, config: ProfilerConfig) -> ModelMeasurement:
     """Measure every layer of the built-in GPT shaped as ``spec``."""
     layers = build_layers(spec, seed=config.seed)
     inputs = TokenInputs(seq_len=spec.seq_len, vocab_size=spec.vocab_size)
-    return profile_model(
-        spec.name, ModelParts(layers=layers, loss=next_token_loss, inputs=inputs), config
+    parts = ModelParts(layers=layers, loss=next_token_loss, inputs=inputs, tp_plan=tp_plan)
+    return profile_model(spec.name, parts, config)
+
+
+def profile_tensor_parallel(
+    label: str, source: ModelSource, config: ProfilerConfig, *, degree: int, timeout_s: float = 900
+) -> ModelMeasurement:
+    """``profile_model`` split ``degree`` ways on this machine: ``degree`` processes (gloo),
+    each building the model from ``source`` and measuring its shards in step with the others, as
+    the workers of a tensor-parallel group of local CPU slots train; the first one's figures.
+    The members are fresh interpreters (``python -m runtime.profiler``), not forks: the caller
+    may be a Ray worker, whose process must not be copied."""
+    import pickle
+    import socket
+    import subprocess
+    import sys
+    import tempfile
+    from pathlib import Path
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with tempfile.TemporaryDirectory(prefix="geo-tp-profile-") as folder:
+        request = Path(folder) / "request.pkl"
+        request.write_bytes(pickle.dumps((label, source, config, degree, port)))
+        members = [
+            subprocess.Popen(
+                [sys.executable, "-m", "runtime.profiler", str(request), str(rank)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+            )
+            for rank in range(degree)
+        ]
+        errors = []
+        for member in members:
+            try:
+                _, err = member.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                member.kill()
+                _, err = member.communicate()
+                errors.append(f"no result within {timeout_s:g} s")
+            if member.returncode:
+                errors.append(err.decode(errors="replace").strip().splitlines()[-1:])
+        result = Path(folder) / "result.pkl"
+        if errors or not result.exists():
+            raise RuntimeError(
+                f"profiling {label} at tensor-parallel degree {degree} failed: {errors}"
+            )
+        return pickle.loads(result.read_bytes())
+
+
+def _tp_member(request: str, rank: int) -> None:
+    """One process of ``profile_tensor_parallel``: rank 0 writes the measurement beside the
+    request."""
+    import pickle
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from runtime.models.protocol import build_model
+
+    label, source, config, degree, port = pickle.loads(Path(request).read_bytes())
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=degree
     )
+    try:
+        parts = build_model(source, seed=config.seed)
+        measurement = profile_model(label, parts, config, tp_group=dist.group.WORLD)
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        (Path(request).parent / "result.pkl").write_bytes(pickle.dumps(measurement))
 
 
-def profile_model(label: str, parts: ModelParts, config: ProfilerConfig) -> ModelMeasurement:
+def profile_model(
+    label: str, parts: ModelParts, config: ProfilerConfig, *, tp_group=None
+) -> ModelMeasurement:
     """Measure every layer of ``parts`` (any model of the protocol, models/protocol.py) at each
-    of ``config.microbatch_sizes``, on inputs of the shape its first layer reads."""
+    of ``config.microbatch_sizes``, on inputs of the shape its first layer reads; with
+    ``tp_group`` (a torch.distributed group this process is a member of, every member calling
+    alike), split by the model's tensor-parallel plan over that group."""
     started = time.perf_counter()
     device = torch.device(config.device)
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -164,6 +243,17 @@ def profile_model(label: str, parts: ModelParts, config: ProfilerConfig) -> Mode
         torch.set_num_threads(config.threads)
     try:
         layers = [layer.to(device) for layer in parts.layers]
+        degree = 1 if tp_group is None else tp_group.size()
+        if degree > 1:
+            from runtime import tensor_parallel
+
+            tensor_parallel.shard_stage(
+                nn.Sequential(*layers),
+                parts.tp_plan,
+                group=tp_group,
+                device_type=device.type,
+                model=label,
+            )
         owned = owned_parameters(layers)
         clock = _Clock(device)
         updates = _update_seconds(owned, config, clock)
@@ -181,11 +271,19 @@ def profile_model(label: str, parts: ModelParts, config: ProfilerConfig) -> Mode
         torch_version=torch.__version__,
         optimizer=config.optimizer,
         repeats=config.repeats,
-        params=tuple(sum(p.numel() for p in params) for params in owned),
+        params=tuple(sum(_local(p).numel() for p in params) for params in owned),
         layers=by_size,
         elapsed_s=time.perf_counter() - started,
         method="per-layer" if "per-layer" in methods else "in-graph",
+        tp=degree,
     )
+
+
+def _local(parameter: torch.Tensor) -> torch.Tensor:
+    """A worker's part of a parameter (its shard under tensor parallelism)."""
+    from runtime import tensor_parallel
+
+    return tensor_parallel.local(parameter)
 
 
 def _measure_size(
@@ -330,11 +428,11 @@ def _one_pass(
 
 def _kept_bytes(run: Callable[[], tuple], layer: nn.Module) -> int:
     """Bytes autograd saves for backward during one forward, each storage once, weights excluded."""
-    weights = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    weights = {_local(p).untyped_storage().data_ptr() for p in layer.parameters()}
     storages: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
+        storage = _local(tensor).untyped_storage()  # a DTensor's: its shard's
         if storage.data_ptr() not in weights:
             storages[storage.data_ptr()] = storage.nbytes()
         return tensor
@@ -363,7 +461,8 @@ def _update_seconds(
     layer's step over and over reads it warm, ~30% faster for gpt-mini on this machine)."""
     optimizers = []
     for params in owned:
-        copies = [nn.Parameter(p.detach().clone()) for p in params]
+        # the worker's shards, as plain tensors: what the runtime's optimizer steps
+        copies = [nn.Parameter(_local(p).detach().clone()) for p in params]
         for copy in copies:
             copy.grad = torch.randn_like(copy) * 1e-3
         optimizers.append(_make_optimizer(copies, config.optimizer) if copies else None)
@@ -372,3 +471,12 @@ def _update_seconds(
         rounds.append([clock.seconds(o.step) if o is not None else 0.0 for o in optimizers])
     timed = rounds[config.warmup :]
     return [statistics.fmean(r[i] for r in timed) for i in range(len(owned))]
+
+
+if __name__ == "__main__":  # a member of profile_tensor_parallel's group
+    import sys
+
+    # through the module's own name, so what it pickles names runtime.profiler, not __main__
+    from runtime.profiler import _tp_member as member
+
+    member(sys.argv[1], int(sys.argv[2]))

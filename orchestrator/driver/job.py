@@ -190,7 +190,7 @@ def prepare(
     reads it and the driver's spec."""
     from orchestrator.driver.local import measured_here
 
-    recipe = absolute_paths(measured_here(recipe, folder))
+    recipe = absolute_paths(measured_here(recipe, folder, recipe_path.parent))
     (folder / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier run
     signing_key(folder)  # made now, in the submitting user's folder, with its owner's rights
     store = StateStore(folder)

@@ -44,6 +44,7 @@ def run_on_local_cloud(
     )
     provisioner = LocalProvisioner(
         seed=recipe.training.seed,
+        offers_file=local_offers(recipe, recipe_path.parent),
         notice_s=notice_s if notice_s is not None else local.notice_s,
         slow_nodes=local.slow_nodes,
         slowdown=local.slowdown,
@@ -156,10 +157,33 @@ def serve_and_follow(
             ray.shutdown()
 
 
-def measured_here(recipe: Recipe, folder: Path) -> Recipe:
+def local_offers(recipe: Recipe, folder: Path) -> Path | None:
+    """The simulated market's offers file the recipe names (``local_cloud.offers``), if any."""
+    offers = recipe.local_cloud.offers
+    return None if offers is None else (folder / offers).resolve()
+
+
+def _local_tp_degrees(recipe: Recipe, spec, folder: Path) -> tuple[int, ...]:
+    """The tensor-parallel degrees the local cloud could run the model at: the recipe's, where
+    the model splits that many ways and some offered node has that many slots."""
+    import time
+
+    from orchestrator.planner.space import splits
+    from provisioners.local.market import default_offers_file, read_offers
+
+    path = local_offers(recipe, folder) or default_offers_file()
+    widest = max((o.gpus_per_node for o in read_offers(path, observed_at_s=time.time())), default=1)
+    return tuple(
+        d for d in recipe.parallelism.tensor_parallel if d > 1 and d <= widest and splits(spec, d)
+    )
+
+
+def measured_here(recipe: Recipe, folder: Path, recipe_folder: Path | None = None) -> Recipe:
     """On the local cloud a worker is a CPU slot standing in for a T4: with ``profile: auto``,
     time the model on this machine once (runtime/profiler.py; kept in the job's folder) so the
-    plan's predictions are about this machine rather than a real T4."""
+    plan's predictions are about this machine rather than a real T4; split too, at the
+    tensor-parallel degrees the local nodes could run (``recipe_folder``: where the recipe's
+    relative paths start)."""
     from orchestrator.recipe.models import model_label, spec_of
 
     spec = spec_of(recipe.model)
@@ -172,7 +196,8 @@ def measured_here(recipe: Recipe, folder: Path) -> Recipe:
         from orchestrator.profiles.profile import profile_to_json
 
         # the very modules the workers train (a Hugging Face model's own, not a look-alike)
-        measured = profile_here(recipe, spec)
+        tp_degrees = _local_tp_degrees(recipe, spec, recipe_folder or folder)
+        measured = profile_here(recipe, spec, tp_degrees=tp_degrees)
         folder.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(profile_to_json(measured, "T4"), indent=1))
         print(f"profiled {spec.name} on this machine: {path}", file=sys.stderr)

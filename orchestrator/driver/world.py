@@ -88,12 +88,9 @@ class MarketPlans:
                 constraints,
                 exclude_locations=tuple(sorted({*constraints.exclude_locations, *excluded})),
             ),
-            # what the runtime runs: TP 1 (layout.py refuses more), whatever `plan` may show
-            parallelism=replace(self.recipe.parallelism, tensor_parallel=RUNTIME_TP),
         )
         result, note = self._plan_spread(recipe, market)
         if not result.plans:
-            self._refuse_tensor_parallel(recipe, market)
             left_out = f" (left out after refusing capacity: {', '.join(sorted(excluded))})"
             raise UserError(
                 "no feasible plan on the market now" + (left_out if excluded else ""),
@@ -110,25 +107,6 @@ class MarketPlans:
             egress_usd_per_step=best.estimate.egress_usd_per_iteration,
             note=note,
         )
-
-    def _refuse_tensor_parallel(self, recipe: Recipe, market: OfferTable) -> None:
-        """No plan at TP 1: if plans with tensor parallelism exist, say that is what is missing."""
-        from orchestrator.planner import plan_recipe
-
-        wide = replace(recipe, parallelism=self.recipe.parallelism)
-        try:
-            plans = plan_recipe(wide, self.catalog, market).plans
-        except UserError:
-            return
-        if plans:
-            tp = max(r.tp for stage in plans[0].plan.stages for r in stage.replicas)
-            raise UserError(
-                f"every feasible plan needs tensor parallelism (the best: tp={tp}), which the "
-                "runtime does not run yet",
-                field="parallelism",
-                fix="allow more pipeline stages (parallelism.max_pipeline_stages), GPUs with more "
-                "memory (constraints.gpu_types) or a smaller microbatch",
-            )
 
     def _plan_spread(self, recipe: Recipe, market: OfferTable):
         """The planner's result, and a note when the recipe's spread (constraints.min_locations,
@@ -482,7 +460,9 @@ class RuntimeTrainer:
             loss=loss,
             **self._egress(counters),
             pipeline_s=pipeline_seconds(counters, workers),
-            pipeline_microbatches=tuple(w.microbatches for w in workers if w.stage == 0),
+            pipeline_microbatches=tuple(
+                w.microbatches for w in workers if w.stage == 0 and w.tp_rank == 0
+            ),
             grads_finite=all(c.get("grads_finite", True) for c in counters),
             sample_ids=_sample_ids(counters, workers),
         )
@@ -566,9 +546,6 @@ def check_space(url: str, layout, recipe: Recipe) -> None:
         )
 
 
-RUNTIME_TP = (1,)  # the tensor-parallel degrees the runtime trains (orchestrator/layout.py)
-
-
 def data_source(data):
     """What the workers read (runtime/workload.py's DataSource) for the recipe's ``data``."""
     from runtime.workload import DataSource
@@ -583,7 +560,8 @@ def data_source(data):
 def _sample_ids(counters: list[dict], workers) -> tuple[int, ...] | None:
     """The ids the first stages read this step, pipeline after pipeline; None if not logged."""
     pairs = zip(counters, workers, strict=True)
-    first = [(w.replica, c.get("sample_ids")) for c, w in pairs if w.stage == 0]
+    # one worker per pipeline: a tensor-parallel group reads the same samples on every worker
+    first = [(w.replica, c.get("sample_ids")) for c, w in pairs if (w.stage, w.tp_rank) == (0, 0)]
     if any(ids is None for _, ids in first):
         return None
     return tuple(i for _, ids in sorted(first) for i in ids)

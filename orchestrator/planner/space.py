@@ -88,7 +88,9 @@ def build_space(
         )
     spec = spec_of(recipe.model)
     layers = num_layers or spec.num_layers
-    tp_degrees = tuple(sorted(recipe.parallelism.tensor_parallel if spec.family == "gpt" else (1,)))
+    tp_degrees = tuple(
+        sorted(d for d in recipe.parallelism.tensor_parallel if splits(spec, d))
+    ) or (1,)
     t = recipe.training
     microbatch_sizes = tuple(sorted(m for m in t.microbatch_sizes if t.global_batch_size % m == 0))
     useful = most_useful_gpus(t.global_batch_size, microbatch_sizes, layers, tp_degrees)
@@ -118,6 +120,18 @@ def build_space(
         num_layers=layers,
         min_locations=k.min_locations,
     )
+
+
+def splits(spec, degree: int) -> bool:
+    """Whether the runtime can split ``spec``'s blocks ``degree`` ways (runtime/tensor_parallel.py):
+    GPT layers have a tensor-parallel plan whose heads and widths must divide evenly; a user's
+    module model gets no tensor parallelism from the planner (its profile is measured whole)."""
+    if degree == 1:
+        return True
+    if spec.family != "gpt":
+        return False
+    sizes = (spec.num_heads, spec.num_kv_heads or spec.num_heads, spec.ffn_hidden_size)
+    return all(size % degree == 0 for size in sizes)
 
 
 def most_useful_gpus(

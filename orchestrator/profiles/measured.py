@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from orchestrator.profiles.profile import GpuProfile, LayerTable, ModelProfile, TimeTable
@@ -14,34 +15,31 @@ if TYPE_CHECKING:  # for annotations only: importing runtime.profiler imports to
 
 
 def measured_profile(
-    measurement: ModelMeasurement, *, gpu: str, precision: str, spec: ModelSpec | None = None
+    measurement: ModelMeasurement,
+    *,
+    gpu: str,
+    precision: str,
+    spec: ModelSpec | None = None,
+    split: Sequence[ModelMeasurement] = (),
 ) -> ModelProfile:
-    """A ``runtime.profiler.ModelMeasurement`` as a one-GPU profile with source ``measured``.
+    """A ``runtime.profiler.ModelMeasurement`` as a one-GPU profile with source ``measured``;
+    ``split``: measurements of the same model at tensor-parallel degrees above 1 (their times
+    and one worker's sizes under the degree's key).
 
     Sizes are per sample: elements sent on from the largest microbatch (they scale exactly), bytes
     kept for backward as the largest per-sample figure over the sizes measured (fixed costs
     such as position ids weigh most on small microbatches; the larger figure keeps the simulator's
     OOM verdict on the safe side). ``spec``: the model's shape, for a model that is not built in."""
-    by_size = measurement.layers
-    largest = max(by_size)
-    num_layers = len(measurement.params)
-    kept = tuple(
-        max(layers[i].kept_bytes / mbs for mbs, layers in by_size.items())
-        for i in range(num_layers)
-    )
-    sizes = LayerTable(
-        params=tuple(measurement.params),
-        act_out_elements=tuple(t.out_elements // largest for t in by_size[largest]),
-        act_kept_bytes=kept,
-    )
-    times = {
-        (mbs, 1): TimeTable(
-            forward_s=tuple(t.forward_s for t in layers),
-            backward_s=tuple(t.backward_s for t in layers),
-            update_s=tuple(t.update_s for t in layers),
-        )
-        for mbs, layers in sorted(by_size.items())
-    }
+    assert measurement.tp == 1 and all(m.tp > 1 for m in split), "one whole, the rest split"
+    times, sizes = {}, {}
+    for m in (measurement, *split):
+        sizes[m.tp] = _sizes(m)
+        for mbs, layers in sorted(m.layers.items()):
+            times[(mbs, m.tp)] = TimeTable(
+                forward_s=tuple(t.forward_s for t in layers),
+                backward_s=tuple(t.backward_s for t in layers),
+                update_s=tuple(t.update_s for t in layers),
+            )
     gpu_profile = GpuProfile(gpu, "measured", _origin(measurement, gpu), times)
     spec = spec or model_spec(measurement.model)
     return ModelProfile(
@@ -49,9 +47,23 @@ def measured_profile(
         precision,
         measurement.optimizer,
         spec.seq_len,
-        {1: sizes},
+        sizes,
         {gpu: gpu_profile},
         spec.tied_parameters() if spec.family != "cnn" else 0,
+    )
+
+
+def _sizes(measurement: ModelMeasurement) -> LayerTable:
+    by_size = measurement.layers
+    largest = max(by_size)
+    kept = tuple(
+        max(layers[i].kept_bytes / mbs for mbs, layers in by_size.items())
+        for i in range(len(measurement.params))
+    )
+    return LayerTable(
+        params=tuple(measurement.params),
+        act_out_elements=tuple(t.out_elements // largest for t in by_size[largest]),
+        act_kept_bytes=kept,
     )
 
 
@@ -68,18 +80,28 @@ def _origin(measurement: ModelMeasurement, gpu: str) -> str:
     )
 
 
-def profile_here(recipe, spec: ModelSpec, *, gpu: str = "T4") -> ModelProfile:
+def profile_here(
+    recipe, spec: ModelSpec, *, gpu: str = "T4", tp_degrees: Sequence[int] = ()
+) -> ModelProfile:
     """The recipe's model timed layer by layer on this machine (one CPU thread standing in for
-    ``gpu``, as a local worker does): what the local cloud plans with under ``profile: auto``.
-    Imports torch and the model's code."""
-    from orchestrator.recipe.models import build_parts, model_label
-    from runtime.profiler import ProfilerConfig, profile_model
+    ``gpu``, as a local worker does): what the local cloud plans with under ``profile: auto``;
+    ``tp_degrees``: also split that many ways over as many processes, as a tensor-parallel
+    group of local workers trains it. Imports torch and the model's code."""
+    from orchestrator.recipe.models import build_parts, model_label, model_source
+    from runtime.profiler import ProfilerConfig, profile_model, profile_tensor_parallel
 
     config = ProfilerConfig(
         microbatch_sizes=recipe.training.microbatch_sizes,
         optimizer=recipe.training.optimizer.name,
         seed=recipe.training.seed,
     )
+    label = model_label(recipe.model)
     parts = build_parts(recipe.model, seed=recipe.training.seed)
-    measurement = profile_model(model_label(recipe.model), parts, config)
-    return measured_profile(measurement, gpu=gpu, precision=recipe.training.precision, spec=spec)
+    measurement = profile_model(label, parts, config)
+    split = [
+        profile_tensor_parallel(label, model_source(recipe.model), config, degree=degree)
+        for degree in sorted(set(tp_degrees) - {1})
+    ]
+    return measured_profile(
+        measurement, gpu=gpu, precision=recipe.training.precision, spec=spec, split=split
+    )

@@ -295,6 +295,12 @@ class LocalCloudConfig:
         "processes (Ray nodes on this machine's network) or auto (namespaces where they work)",
         default="auto",
     )
+    offers: str | None = _help(
+        "a CSV of the simulated market's offers (configs/local/offers.csv's columns, `local` "
+        "rows), e.g. to offer nodes of 2 GPUs for tensor parallelism; relative to the recipe's "
+        "folder [the shipped configs/local/offers.csv]",
+        default=None,
+    )
 
 
 @dataclass(frozen=True, kw_only=True)

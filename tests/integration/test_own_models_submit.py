@@ -42,17 +42,28 @@ constraints:
   gpu_types: [T4]
   max_gpus: 4
   pricing: spot
-parallelism: {tensor_parallel: [1], data_parallel: [2], max_pipeline_stages: 2}
+parallelism: {tensor_parallel: [TP], data_parallel: [DP], max_pipeline_stages: 2}
 checkpointing: {every_steps: 6, path: CHECKPOINTS, keep_last: 2}
 runtime: {link_emulation: false}
-local_cloud: {preempt_at_steps: PREEMPT, notice_s: 2.0}
+local_cloud: {preempt_at_steps: PREEMPT, notice_s: 2.0OFFERS}
+"""
+# nodes of two CPU slots (two "GPUs") in both places: room for a tensor-parallel group per node
+OFFERS = """\
+cloud,region,zone,instance_type,gpu,gpus_per_node,vcpus,memory_gib,on_demand_usd_per_hour,\
+spot_usd_per_hour,available_count,preemption_rate_per_hour,source,as_of
+local,sim-us,sim-us-a,sim-t4-2,T4,2,2,4,1.144,0.360,3,0.1,test market,2023-04-01
+local,sim-eu,sim-eu-a,sim-t4-2,T4,2,2,4,1.144,0.360,3,0.1,test market,2023-04-01
 """
 # the same sums in another order (replicas, stages), carried by Adam over 30 steps
 RELATIVE_TOLERANCE = 1e-4
 
 
-def _recipe(model: str, *, data: str = "", steps: int, preempt: str = "[]") -> str:
+def _recipe(
+    model: str, *, data: str = "", steps: int, preempt: str = "[]", tp: int = 1, offers: str = ""
+) -> str:
     text = RECIPE.replace("MODEL", model).replace("DATA\n", f"data: {data}\n" if data else "")
+    text = text.replace("TP", str(tp)).replace("DP", "1" if tp > 1 else "2")
+    text = text.replace("OFFERS", f", offers: {offers}" if offers else "")
     return text.replace("STEPS", str(steps)).replace("PREEMPT", preempt)
 
 
@@ -120,6 +131,26 @@ def test_a_gpt2_on_token_files_survives_a_preemption_with_one_process_losses(
     epochs = [read[e * WINDOWS : (e + 1) * WINDOWS] for e in range(6)]
     assert all(sorted(epoch) == list(range(WINDOWS)) for epoch in epochs)
     assert epochs[0] != epochs[1]  # each epoch in an order of its own
+
+
+@pytest.mark.integration
+def test_a_gpt2_as_two_stages_of_tp2_survives_a_preemption_with_one_process_losses(tmp_path):
+    """Nodes of two slots; the planner may only split by 2: two stages of TP 2 (profiled split
+    on this machine first), one node preempted, the job re-planned and resumed from the shards."""
+    from runtime.models.protocol import ModelSource
+
+    (tmp_path / "offers.csv").write_text(OFFERS)
+    model = f"{{hf: gpt2, config: {json.dumps(SMALL_GPT2)}, profile: auto}}"
+    recipe = _recipe(model, steps=12, preempt="[5]", tp=2, offers="offers.csv")
+    state = submit_job(recipe.replace("every_steps: 6", "every_steps: 3"), tmp_path, "tp-job")
+
+    events = [json.loads(line) for line in (tmp_path / "jobs/tp-job/events.jsonl").open()]
+    assert any(e["event"] == "recovered" for e in events)
+    planned = [e for e in events if e["event"] == "planned"]
+    assert planned and planned[0]["plan_after"].startswith("PP2 x DP1 x TP2"), planned
+    profile = json.loads(next((tmp_path / "jobs/tp-job").glob("profile-*.json")).read_text())
+    assert sorted(profile["layers"]) == ["1", "2"]  # measured whole and split on this machine
+    _check_losses(state, _reference(ModelSource(kind="hf", target="gpt2", args=SMALL_GPT2), 12))
 
 
 @pytest.mark.integration

@@ -36,10 +36,46 @@ def test_ranks_pipelines_and_groups():
     assert layout.warmup == (1, 0) and layout.places() == (B1, A1, A2)
 
 
-def test_tensor_parallel_plans_are_refused_with_a_fix():
-    with pytest.raises(UserError, match="tensor parallelism") as caught:
-        layout_from_plan(_plan([A1], tp=2), model="gpt-tiny")
-    assert "tp: 1" in caught.value.fix
+def test_a_tensor_parallel_replica_is_a_row_of_workers_in_one_place():
+    layout = layout_from_plan(_plan([A1, B1], tp=2), model="gpt-tiny")
+    assert layout.world_size == 8 and layout.replicas == 2 and layout.uses_tp
+    assert [(w.stage, w.replica, w.tp_rank) for w in layout.workers[:4]] == [
+        (0, 0, 0),
+        (0, 0, 1),
+        (0, 1, 0),
+        (0, 1, 1),
+    ]
+    assert layout.tp_group(1, 1) == (6, 7) and layout.pipeline(1) == (2, 6)
+    assert layout.dp_group(0, 1) == (1, 3) and layout.cross_region_group(1, 1) == (5, 7)
+    assert layout.model_group(0) == (0, 1, 4, 5)
+    assert layout.peer_rank(5, 0) == 1 and layout.fanout(1, 1) == (5,)
+
+
+def test_stages_of_other_degrees_fan_activations_out_and_gradients_back():
+    """A TP-2 stage feeding a whole stage: only the first worker sends forward; the whole stage's
+    worker sends each gradient to both."""
+    workers = (
+        WorkerSpec(stage=0, replica=0, place=A1, microbatches=2, tp=2, tp_rank=0),
+        WorkerSpec(stage=0, replica=0, place=A1, microbatches=2, tp=2, tp_rank=1),
+        WorkerSpec(stage=1, replica=0, place=A1, microbatches=2),
+    )
+    layout = Layout(
+        model="gpt-tiny", layers=((0, 3), (3, 6)), workers=workers, microbatch_size=2, warmup=(1, 0)
+    )
+    assert layout.fanout(0, 1) == (2,) and layout.fanout(1, 1) == ()
+    assert layout.fanout(2, 0) == (0, 1) and layout.peer_rank(1, 1) == 2
+    assert layout.peer_rank(2, 0) == 0
+
+
+def test_replicas_of_one_stage_must_share_their_degree():
+    plan = Plan.from_pipelines(
+        global_batch_size=8,
+        microbatch_size=2,
+        layers=[(0, 6)],
+        pipelines=[(1, [Replica(gpu="T4", tp=2, infra=A1)]), (1, [Replica(gpu="T4", infra=B1)])],
+    )
+    with pytest.raises(UserError, match="same tp"):
+        layout_from_plan(plan, model="gpt-tiny")
 
 
 def test_a_broken_layout_names_every_problem():

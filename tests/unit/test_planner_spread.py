@@ -77,10 +77,9 @@ def test_the_driver_trains_on_fewer_places_when_the_spread_cannot_be_had():
     assert spread.choose(excluded=frozenset(), held={}).note == ""
 
 
-def test_the_driver_plans_only_what_the_runtime_runs_while_plan_shows_tensor_parallelism():
-    """GPT-Neo-2.7B on V100s: in at most two stages the planner's best splits stages 8 ways (TP),
-    which the runtime does not run yet; the driver says so (no TP-1 plan fits), and with more
-    stages allowed it chooses a TP-1 plan."""
+def test_the_driver_runs_the_tensor_parallel_plan_the_planner_finds_best():
+    """GPT-Neo-2.7B on V100s in at most two stages: the planner's best splits stages 8 ways (TP),
+    and the driver chooses that plan (the runtime runs tensor parallelism)."""
     text = """\
 name: tp
 provider: gcp
@@ -96,15 +95,6 @@ parallelism: {max_pipeline_stages: 2}
     assert {r.tp for stage in best.plan.stages for r in stage.replicas} == {8}
     plans = MarketPlans(recipe, catalog, provisioner=None, progress=lambda: (0, 0.0))
     plans.market = lambda held, held_only=False: catalog.market("gcp")
-    with pytest.raises(UserError, match="needs tensor parallelism \\(the best: tp=8\\)") as caught:
-        plans.choose(excluded=frozenset(), held={})
-    assert caught.value.field == "parallelism"
-    deeper = parse_recipe(
-        text.replace("max_pipeline_stages: 2", "max_pipeline_stages: 16"),
-        file="tp.yaml",
-        folder=Path("."),
-    )
-    plans = MarketPlans(deeper, catalog, provisioner=None, progress=lambda: (0, 0.0))
-    plans.market = lambda held, held_only=False: catalog.market("gcp")
     choice = plans.choose(excluded=frozenset(), held={})
-    assert {r.tp for stage in choice.plan.stages for r in stage.replicas} == {1}
+    assert {r.tp for stage in choice.plan.stages for r in stage.replicas} == {8}
+    assert [s.layers for s in choice.plan.stages] == [s.layers for s in best.plan.stages]
