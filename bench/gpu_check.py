@@ -106,8 +106,9 @@ def _model(name: str, hf_config: str):
     return source, hf_spec(source.target, source.args, label=source.label)
 
 
-def _layout(model, layers, pipelines, devices, *, microbatch, microbatches):
-    """``pipelines``: per replica, the place of each stage; ``devices``: per stage."""
+def _layout(model, layers, pipelines, devices, *, microbatch, microbatches, tp=1, nccl=True):
+    """``pipelines``: per replica, the place of each stage; ``devices``: per stage; ``tp``: the
+    tensor-parallel degree of every stage; ``nccl``: False for gloo even between GPUs."""
     from runtime.layout import Layout, WorkerSpec
 
     workers = tuple(
@@ -117,9 +118,12 @@ def _layout(model, layers, pipelines, devices, *, microbatch, microbatches):
             place=pipelines[i][s],
             device=devices[s],
             microbatches=microbatches,
+            tp=tp,
+            tp_rank=t,
         )
         for s in range(len(layers))
         for i in range(len(pipelines))
+        for t in range(tp)
     )
     return Layout(
         model=model,
@@ -128,6 +132,7 @@ def _layout(model, layers, pipelines, devices, *, microbatch, microbatches):
         microbatch_size=microbatch,
         warmup=tuple(len(layers) - 1 - s for s in range(len(layers))),
         allreduce="hierarchical",
+        nccl=nccl,
     )
 
 
@@ -163,6 +168,7 @@ class _Case:
     devices: list
     microbatches: int
     share: float
+    tp: int = 1  # tensor-parallel degree of every stage; >1 shares the one GPU over gloo
 
 
 def correctness(args, report: dict, save) -> None:
@@ -228,6 +234,22 @@ def correctness(args, report: dict, save) -> None:
                     1.0,
                 )
             )
+        # tensor parallelism: 2 stages x TP 2, four workers sharing the GPU, gloo (NCCL refuses
+        # two ranks of one group on one GPU; with a GPU per worker the TP group is NCCL's)
+        for precision in ("fp32", "bf16-mixed"):
+            cases.append(
+                _Case(
+                    f"HF GPT-2, 2 stages x TP 2, CUDA (gloo), {precision}",
+                    gpt2,
+                    precision,
+                    [(0, layers // 2), (layers // 2, layers)],
+                    [[US_A, US_A]],
+                    ["cuda", "cuda"],
+                    4,
+                    0.25,
+                    tp=2,
+                )
+            )
     report["correctness"] = []
     references: dict = {}  # (model, precision) -> the CPU's losses
     for case in cases:
@@ -239,6 +261,8 @@ def correctness(args, report: dict, save) -> None:
             devices,
             microbatch=2,
             microbatches=case.microbatches,
+            tp=case.tp,
+            nccl=case.tp == 1,
         )
         run = dataclasses.replace(config, precision=case.precision)
         try:

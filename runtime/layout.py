@@ -61,6 +61,9 @@ class Layout:
     compression: str = "none"  # cross-region hop: "none", "fp16", "int8"
     # emulated links between places (empty: traffic runs at the local machine's speed)
     links: tuple[Link, ...] = ()
+    # False: gloo even between GPUs of one place (NCCL refuses two workers of a group sharing one
+    # GPU, as on a one-GPU test machine)
+    nccl: bool = True
 
     def __post_init__(self) -> None:
         problems = list(self._problems())
@@ -209,7 +212,8 @@ class Layout:
         tensors through host memory and gloo, which crosses the overlay between locations and
         talks to CPU workers."""
         return (
-            len(set(ranks)) > 1
+            self.nccl
+            and len(set(ranks)) > 1
             and len({self.workers[r].place for r in ranks}) == 1
             and all(self.workers[r].device == "cuda" for r in ranks)
         )
