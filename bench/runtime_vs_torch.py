@@ -1,15 +1,22 @@
 """Our runtime against plain PyTorch on the same model, data, batch and optimizer, side by side.
 
 Usage: python bench/runtime_vs_torch.py [--model gpt-mini] [--global-batch 16] [--microbatch 2]
-       [--steps 4] [--warmup-steps 1] [--repeats 5] [--split L] [--allreduce flat] [--quick] [--json]
+       [--steps 4] [--warmup-steps 1] [--repeats 5] [--split L] [--allreduce flat]
+       [--comparisons dp,pp,tp] [--quick] [--json]
 
-Two comparisons, each with two processes of one thread (one CPU slot each):
+Three comparisons, each with two processes of one thread (one CPU slot each):
 
 - DP: our ``WorkerGroup`` with 2 data-parallel replicas of the whole model against
   ``DistributedDataParallel`` over gloo (what torchrun would start: 2 ranks, tcp rendezvous),
   accumulating gradients over the rank's microbatches under ``no_sync()`` except the last.
 - PP: our 2-stage 1F1B pipeline against ``torch.distributed.pipelining``'s ``Schedule1F1B`` on
   the same split (in torch 2.13 the class is ``Schedule1F1B``; there is no ``ScheduleOneFOneB``).
+- TP: our one stage split over a tensor-parallel group of 2 (runtime/tensor_parallel.py) against
+  two gloo ranks that split the same layers themselves with torch's ``parallelize_module``
+  (``ColwiseParallel``/``RowwiseParallel`` on the submodules ``runtime.models.gpt.tp_plan`` names,
+  over a 1-D ``DeviceMesh``), both ranks reading every microbatch of the step, accumulating the
+  gradients of all of them, then one AdamW step over the model's parameters (DTensor shards, as a
+  torch user's optimizer gets them; ours steps the same shards as plain local tensors).
 
 Same model: ``runtime.models.gpt.build_layers`` with one seed, every rank slicing its layers. Same
 data: sample ``k`` of ``ByteCorpus.stdlib`` (same corpus size), rank ``i`` of DP taking the
@@ -21,15 +28,17 @@ schedule's ``loss_fn`` multiplies by ``microbatch / global batch`` with ``scale_
 default, ``scale_grads=True``, divides the summed gradients by the microbatch count afterwards: the
 same mean, in another rounding order). The tied embedding/head weight sits on both pipeline stages;
 torch's pipelining does not sync it, so its side all-reduces that gradient after each step, as ours
-does (as Megatron-LM does). Same allocator setting: each torch rank keeps glibc's freed memory as
-our CPU workers do (runtime/memory.py ``keep_freed_memory``), so the comparison is of the runtimes.
+does (as Megatron-LM does). Under TP both ranks compute the same loss (the row-parallel outputs
+are all-reduced, so the head sees whole activations): rank 0 reports it. Same allocator setting:
+each torch rank keeps glibc's freed memory as our CPU workers do (runtime/memory.py
+``keep_freed_memory``), so the comparison is of the runtimes.
 
 Both sides stay started for the whole run and take turns, repeat by repeat (A, B, then B, A, ...),
 because this VM is shared and its speed drifts: each turn runs ``--warmup-steps`` untimed steps and
 then ``--steps`` timed ones, continuing the step count, so both sides train the same sequence of
 steps and their losses can be compared step by step. Ours is timed at the driver around
 ``WorkerGroup.step`` (the Ray round trip per step is part of our cost); torch between barriers on
-its ranks. Target: ours / torch >= 0.95 in samples/s (medians over repeats), for DP and for PP.
+its ranks. Target: ours / torch >= 0.95 in samples/s (medians over repeats), for DP, PP and TP.
 """
 
 from __future__ import annotations
@@ -58,6 +67,7 @@ TARGET_RATIO = 0.95
 WORLD = 2
 CORPUS_BYTES = 2**20
 TURN_TIMEOUT_S = 900.0  # one turn of one side; a hung rank fails the run instead of blocking it
+KINDS = ("dp", "pp", "tp")  # the comparisons, in the order they run
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +80,7 @@ class BenchConfig:
     repeats: int = 5  # turns per side
     split: int | None = None  # first layer of stage 1; None: half the layers
     allreduce: str = "flat"  # our DP gradient sync: "flat" or "hierarchical"
+    comparisons: tuple[str, ...] = KINDS  # which to run
     learning_rate: float = 1e-3
     seed: int = 0
 
@@ -91,6 +102,14 @@ class BenchConfig:
             raise ValueError("--steps and --repeats must be at least 1, --warmup-steps at least 0")
         if not 0 < self.split_layer < spec.num_layers:
             raise ValueError(f"--split {self.split} must be in 1 .. {spec.num_layers - 1}")
+        unknown = sorted(set(self.comparisons) - set(KINDS))
+        if unknown or not self.comparisons:
+            raise ValueError(f"--comparisons {','.join(self.comparisons)}: name some of dp,pp,tp")
+        # TP splits heads and widths in two (our runtime checks it too, but only once started)
+        if "tp" in self.comparisons and any(
+            n % WORLD for n in (spec.num_heads, spec.num_kv_heads or spec.num_heads)
+        ):
+            raise ValueError(f"--model {self.model}: its heads do not split {WORLD} ways for TP")
 
     @property
     def microbatches(self) -> int:
@@ -131,6 +150,20 @@ def our_layout(kind: str, config: BenchConfig) -> Layout:
         share = config.microbatches // WORLD
         workers = tuple(
             WorkerSpec(stage=0, replica=i, place=PLACE, microbatches=share) for i in range(WORLD)
+        )
+        layers, warmup = ((0, spec.num_layers),), (0,)
+    elif kind == "tp":
+        # one replica whose stage is 2 workers; both run every microbatch of the step
+        workers = tuple(
+            WorkerSpec(
+                stage=0,
+                replica=0,
+                place=PLACE,
+                microbatches=config.microbatches,
+                tp=WORLD,
+                tp_rank=t,
+            )
+            for t in range(WORLD)
         )
         layers, warmup = ((0, spec.num_layers),), (0,)
     else:
@@ -177,7 +210,7 @@ class OurSide:
         self.group.shutdown()
 
 
-# -- torch: 2 spawned ranks, DDP or pipelining -------------------------------------------------
+# -- torch: 2 spawned ranks, DDP, pipelining or tensor parallelism ---------------------------------
 
 
 class TorchSide:
@@ -209,7 +242,8 @@ class TorchSide:
         for commands in self.commands:
             commands.put(first_step)
         replies = [self._reply("turn") for _ in range(WORLD)]
-        # DP: each rank's share of the mean; PP: the last stage's, the first stage's are 0
+        # DP: each rank's share of the mean; PP: the last stage's, the first stage's are 0; TP:
+        # rank 0's, rank 1's are 0
         losses = {step: sum(losses[step] for _, losses in replies) for step in replies[0][1]}
         return Turn(elapsed_s=max(elapsed_s for elapsed_s, _ in replies), losses=losses)
 
@@ -257,7 +291,8 @@ def _torch_rank(
         torch.set_num_threads(1)  # one CPU slot per rank, as each of our workers has
         keep_freed_memory()  # glibc kept as our CPU workers keep it: the runtimes are compared
         dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=WORLD)
-        train_step = (_ddp_trainer if kind == "dp" else _pipeline_trainer)(config, rank)
+        trainers = {"dp": _ddp_trainer, "pp": _pipeline_trainer, "tp": _tp_trainer}
+        train_step = trainers[kind](config, rank)
         results.put(("ready",))
         while (first_step := commands.get()) is not None:
             results.put(("turn", *_torch_turn(train_step, config, first_step)))
@@ -362,6 +397,53 @@ def _pipeline_trainer(config: BenchConfig, rank: int):
     return train_step
 
 
+def _tp_trainer(config: BenchConfig, rank: int):
+    """Torch's own tensor parallelism: our model's plan handed to ``parallelize_module``."""
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    from runtime.data.text import ByteCorpus
+    from runtime.models.gpt import build_layers, next_token_loss, tp_plan
+    from runtime.reference import make_optimizer
+
+    spec, train = model_spec(config.model), config.train_config()
+    corpus = ByteCorpus.stdlib(max_bytes=CORPUS_BYTES)
+    layers = build_layers(spec, seed=config.seed)
+    mesh = init_device_mesh("cpu", (WORLD,))  # over the default (gloo) group: both ranks
+    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
+    # only the mapping comes from our model (which submodule splits which way); torch applies it
+    for layer in layers:
+        plan = {path: styles[style]() for path, style in tp_plan(layer).items()}
+        if plan:
+            parallelize_module(layer, mesh, plan)
+    model = nn.Sequential(*layers)
+    optimizer = make_optimizer(model.parameters(), train)
+    scale = config.microbatch / config.global_batch
+
+    def train_step(step: int) -> float:
+        optimizer.zero_grad(set_to_none=True)
+        total = 0.0
+        for j in range(config.microbatches):
+            inputs, targets = corpus.samples(
+                step * config.global_batch + j * config.microbatch,
+                config.microbatch,
+                seq_len=spec.seq_len,
+                seed=config.seed,
+            )
+            loss = next_token_loss(model(inputs), targets) * scale
+            loss.backward()
+            total += loss.item()
+        optimizer.step()
+        return total if rank == 0 else 0.0  # both ranks hold the same loss: count it once
+
+    return train_step
+
+
 # -- the comparison ----------------------------------------------------------------------------
 
 
@@ -380,7 +462,11 @@ class Comparison:
     ours_last_step_phases_s: list[dict[str, float]]
 
 
-NAMES = {"dp": "DP, 2 replicas vs DDP (gloo)", "pp": "PP, 2-stage 1F1B vs Schedule1F1B"}
+NAMES = {
+    "dp": "DP, 2 replicas vs DDP (gloo)",
+    "pp": "PP, 2-stage 1F1B vs Schedule1F1B",
+    "tp": "TP, 1 stage x TP 2 vs parallelize_module (gloo)",
+}
 
 
 def compare(kind: str, config: BenchConfig) -> Comparison:
@@ -452,7 +538,7 @@ def report(config: BenchConfig, comparisons: list[Comparison]) -> str:
         f"runtime vs torch: {config.model}, global batch {config.global_batch}, microbatch "
         f"{config.microbatch}, {config.steps} timed steps (+{config.warmup_steps} warm-up) x "
         f"{config.repeats} interleaved repeats, 2 processes x 1 thread; PP split at layer "
-        f"{config.split_layer}; our DP sync: {config.allreduce}"
+        f"{config.split_layer}; TP degree {WORLD}; our DP sync: {config.allreduce}"
     ]
     for c in comparisons:
         verdict = "meets" if c.ratio >= TARGET_RATIO else "BELOW"
@@ -483,6 +569,11 @@ def parse_args(argv: list[str] | None) -> tuple[BenchConfig, bool]:
     parser.add_argument("--split", type=int, default=None, help="first layer of stage 1")
     parser.add_argument("--allreduce", choices=("flat", "hierarchical"), default=defaults.allreduce)
     parser.add_argument(
+        "--comparisons",
+        default=",".join(defaults.comparisons),
+        help="which to run, comma-separated: dp, pp, tp",
+    )
+    parser.add_argument(
         "--quick", action="store_true", help=f"a seconds-long check: {QUICK.model}, tiny batch"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
@@ -496,6 +587,7 @@ def parse_args(argv: list[str] | None) -> tuple[BenchConfig, bool]:
         "repeats": args.repeats,
         "split": args.split,
         "allreduce": args.allreduce,
+        "comparisons": tuple(c.strip() for c in args.comparisons.split(",") if c.strip()),
     }
     # --quick replaces the sizes the user left at their defaults
     base = QUICK if args.quick else defaults
@@ -510,7 +602,7 @@ def main(argv: list[str] | None = None) -> int:
     config, as_json = parse_args(argv)
     start_ray()
     try:
-        comparisons = [compare(kind, config) for kind in ("dp", "pp")]
+        comparisons = [compare(kind, config) for kind in config.comparisons]
     finally:
         import ray
 
