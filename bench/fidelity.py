@@ -8,8 +8,11 @@ Usage: python bench/fidelity.py [--model gpt-mini] [--chunks 4] [--steps 3] [--w
    in for a T4 of the local simulated cloud), with as many profilers at once as the layout has
    workers (``--profile-copies``), in Ray worker processes, so each slot is measured as busy as it
    is in training (each layer's figures: the mean over the copies).
-2. Run the layout (data parallel, pipeline, with and without emulated cross-zone / cross-region
-   links, latency-aware warm-up, fp16/int8 compression of the cross-region hop): the runtime's Ray
+   A tensor-parallel layout's profilers form its group (gloo) and measure the model split as
+   its workers hold it (``profile_model(..., tp_group=...)``).
+2. Run the layout (data parallel, pipeline, tensor parallel, with and without emulated
+   cross-zone / cross-region links, latency-aware warm-up, fp16/int8 compression of the
+   cross-region hop): the runtime's Ray
    actor group on a local Ray cluster, its links emulated at the latency and bandwidth the
    simulator assumes. Profiling and training take turns: a measurement, the warm-up steps, then
    ``--chunks`` times (an untimed step, ``--steps`` timed steps, a measurement). This shared VM's
@@ -50,7 +53,8 @@ GPU = "T4"
 
 def layouts(num_layers: int) -> list[tuple]:
     """(name, stage layer ranges, per pipeline the place of each stage, latency-aware warm-up,
-    and optionally the cross-region compression of a hierarchical all-reduce)."""
+    and optionally the cross-region compression of a hierarchical all-reduce and the
+    tensor-parallel degree of every stage)."""
     half, third = num_layers // 2, num_layers // 3
     even, uneven = [(0, half), (half, num_layers)], [(0, third), (third, num_layers)]
     whole = [(0, num_layers)]
@@ -66,13 +70,14 @@ def layouts(num_layers: int) -> list[tuple]:
         ("PP2, two continents, latency-aware warm-up", even, [[US_A, EU_A]], True),
         ("DP2, two continents, hierarchical, fp16 hop", whole, [[US_A], [EU_A]], False, "fp16"),
         ("DP2, two continents, hierarchical, int8 hop", whole, [[US_A], [EU_A]], False, "int8"),
+        ("TP2, one zone", whole, [[US_A]], False, "none", 2),
     ]
 
 
 def build_plan(
-    layers, pipelines, *, global_batch: int, microbatch: int, compression: str = "none"
+    layers, pipelines, *, global_batch: int, microbatch: int, compression: str = "none", tp: int = 1
 ) -> Plan:
-    rows = [(1, [Replica(gpu=GPU, infra=place) for place in places]) for places in pipelines]
+    rows = [(1, [Replica(gpu=GPU, infra=place, tp=tp) for place in places]) for places in pipelines]
     plan = Plan.from_pipelines(
         global_batch_size=global_batch,
         microbatch_size=microbatch,
@@ -85,12 +90,13 @@ def build_plan(
     return plan
 
 
-def _profile_once(model: str, microbatch: int, repeats: int):
-    from runtime.models.specs import model_spec
-    from runtime.profiler import ProfilerConfig, profile_gpt
+def _profile_once(model: str, microbatch: int, repeats: int, tp_group=None):
+    from runtime.models.protocol import build_model, builtin
+    from runtime.profiler import ProfilerConfig, profile_model
 
     config = ProfilerConfig(microbatch_sizes=(microbatch,), repeats=repeats)
-    return profile_gpt(model_spec(model), config)
+    parts = build_model(builtin(model), seed=config.seed)
+    return profile_model(model, parts, config, tp_group=tp_group)
 
 
 class _Profilers:
@@ -100,19 +106,30 @@ class _Profilers:
     returns each layer's mean over the copies. They take no Ray CPU (``num_cpus=0``): they measure
     only while the layout's workers wait between steps, so each still has a core to itself."""
 
-    def __init__(self, spec, microbatch: int, *, copies: int, repeats: int) -> None:
+    def __init__(self, spec, microbatch: int, *, copies: int, repeats: int, tp: int = 1) -> None:
+        """``tp`` > 1: the copies are one tensor-parallel group of that many (gloo)."""
         import ray
 
         @ray.remote(num_cpus=0)
         class Profiler:
-            def ready(self) -> None:
+            def ready(self, rank: int, port: int) -> None:
                 import runtime.profiler  # noqa: F401  (imports paid before any measuring)
 
-            def measure(self):
-                return _profile_once(spec.name, microbatch, repeats)
+                self.group = None
+                if tp > 1:
+                    import torch.distributed as dist
 
+                    address = f"tcp://127.0.0.1:{port}"
+                    dist.init_process_group("gloo", init_method=address, rank=rank, world_size=tp)
+                    self.group = dist.group.WORLD
+
+            def measure(self):
+                return _profile_once(spec.name, microbatch, repeats, self.group)
+
+        assert tp == 1 or copies == tp, "a tensor-parallel layout's profilers are its group"
         self.actors = [Profiler.remote() for _ in range(copies)]
-        ray.get([a.ready.remote() for a in self.actors])
+        port = _free_port()
+        ray.get([a.ready.remote(rank, port) for rank, a in enumerate(self.actors)])
 
     def measure(self):
         import ray
@@ -124,6 +141,29 @@ class _Profilers:
 
         for actor in self.actors:
             ray.kill(actor)
+
+
+def _market(catalog):
+    """The local cloud's offers and, for the tensor-parallel layout, nodes of 2 slots in US_A."""
+    import tempfile
+
+    from provisioners.local.market import default_offers_file
+
+    two = (
+        "local,sim-us,sim-us-a,sim-t4-2,T4,2,2,4,1.144,0.360,4,0.1,bench: 2 slots for TP,2023-04-01"
+    )
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "offers.csv"
+        path.write_text(default_offers_file().read_text().rstrip("\n") + "\n" + two + "\n")
+        return catalog.load_market(path)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
 
 def _mean_measurement(measurements):
@@ -262,7 +302,7 @@ def main() -> None:
         return measured_profile(_mean_measurement(list(taken)), gpu=GPU, precision="fp32")
 
     catalog = default_catalog()
-    network, prices, settings = views_for(catalog, catalog.market("local"))
+    network, prices, settings = views_for(catalog, _market(catalog))
     config = TrainConfig(
         steps=args.warmup_steps + args.chunks * (args.steps + 1),
         global_batch_size=args.global_batch,
@@ -283,15 +323,16 @@ def main() -> None:
         for round_ in range(args.rounds):
             print(f"-- round {round_ + 1} of {args.rounds}")
             picked = [c for c in chosen if not args.only or any(w in c[0] for w in args.only)]
-            for name, layers, pipelines, aware, *compression in (
-                picked[:3] if args.quick else picked
-            ):
+            for name, layers, pipelines, aware, *options in picked[:3] if args.quick else picked:
+                compression = options[0] if options else "none"
+                tp = options[1] if len(options) > 1 else 1
                 plan = build_plan(
                     layers,
                     pipelines,
                     global_batch=args.global_batch,
                     microbatch=args.microbatch,
-                    compression=compression[0] if compression else "none",
+                    compression=compression,
+                    tp=tp,
                 )
                 copies = plan.total_gpus if args.profile_copies == 0 else args.profile_copies
 
@@ -305,7 +346,7 @@ def main() -> None:
                     return layout_from_plan(plan, model=args.model, network=network)
 
                 profilers = _Profilers(
-                    spec, args.microbatch, copies=copies, repeats=args.profile_repeats
+                    spec, args.microbatch, copies=copies, repeats=args.profile_repeats, tp=tp
                 )
                 try:
                     measured, taken, counters = run_interleaved(

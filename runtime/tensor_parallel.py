@@ -55,6 +55,24 @@ def shard_stage(
             _check_divides(layer, path, degree, model=model, index=index)
         if styles:
             parallelize_module(layer, mesh, styles)
+            _own_storage(layer)
+
+
+def _own_storage(layer: nn.Module) -> None:
+    """Give each split parameter a storage of its own: a shard cut along dim 0 is a view of the
+    whole tensor, which would otherwise stay alive beside it (every worker builds the whole
+    model, then keeps its part)."""
+    from torch.distributed.tensor import DTensor
+
+    for name, parameter in list(layer.named_parameters()):
+        shard = local(parameter)
+        if shard.untyped_storage().nbytes() <= shard.numel() * shard.element_size():
+            continue
+        owner, _, leaf = name.rpartition(".")
+        whole = DTensor.from_local(
+            shard.clone(), parameter.device_mesh, parameter.placements, run_check=False
+        )
+        setattr(layer.get_submodule(owner), leaf, nn.Parameter(whole, parameter.requires_grad))
 
 
 def _style(style: object, model: str):
