@@ -352,6 +352,11 @@ def _recipe(folder: Path, launch: dict, *, bucket_url: str | None):
         profile = str(held) if held.is_file() else launch["profile"]
         model = dataclasses.replace(recipe.model, profile=profile)
         recipe = dataclasses.replace(recipe, model=model)
+    if launch.get("code"):  # a module model's package, carried from the laptop (shipped.py)
+        from orchestrator.driver.shipped import unpack_code
+
+        code = str(unpack_code(folder, launch["code"]))
+        recipe = dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, code=code))
     path = launch.get("checkpoint_path") or recipe.checkpointing.path
     if bucket_url is not None and not path.startswith(("s3://", "gs://", "https://")):
         path = f"{bucket_url}/checkpoints"

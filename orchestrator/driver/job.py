@@ -125,14 +125,6 @@ def run_job(recipe_path: Path, catalog: Catalog, options: RunOptions) -> RunResu
             field="provider",
             fix="drop --emulate, or write provider: aws",
         )
-    if recipe.provider != "local" and recipe.model.module:
-        raise UserError(
-            f"model.module trains on the local cloud in this version: a controller on "
-            f"{recipe.provider} does not receive your package's code yet",
-            file=str(recipe_path),
-            field="model.module",
-            fix="write provider: local, or wrap the model as a Hugging Face config (model.hf)",
-        )
     if recipe.provider != "local" and not options.emulate:
         if options.preempt_at or options.preempt_location_at or options.lose_at:
             raise UserError(

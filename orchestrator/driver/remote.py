@@ -181,10 +181,12 @@ def _write_launch(
             **(extra or {}),
         }
         if portable:
+            from orchestrator.driver.shipped import carry_profile, pack_code
+
             (folder / RECIPE_FILE).write_bytes(Path(spec.recipe_path).read_bytes())
             launch["recipe_path"] = RECIPE_FILE
-            if profile and Path(profile).parent == folder:
-                launch["profile"] = Path(profile).name
+            launch["profile"] = carry_profile(profile, folder) or profile
+            launch["code"] = pack_code(ready.model, folder)  # a module model's package
         path = folder / LAUNCH_FILE
         descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(descriptor, "w") as handle:
