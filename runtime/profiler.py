@@ -157,9 +157,10 @@ def profile_gpt(spec: GptSpec, config: ProfilerConfig) -> ModelMeasurement:
 def profile_tensor_parallel(
     label: str, source: ModelSource, config: ProfilerConfig, *, degree: int, timeout_s: float = 900
 ) -> ModelMeasurement:
-    """``profile_model`` split ``degree`` ways on this machine: ``degree`` processes (gloo),
-    each building the model from ``source`` and measuring its shards in step with the others, as
-    the workers of a tensor-parallel group of local CPU slots train; the first one's figures.
+    """``profile_model`` split ``degree`` ways on this machine: ``degree`` processes (gloo on
+    the CPU; on CUDA one GPU each and NCCL), each building the model from ``source`` and
+    measuring its shards in step with the others, as the workers of a tensor-parallel group
+    train; the first one's figures.
     The members are fresh interpreters (``python -m runtime.profiler``), not forks: the caller
     may be a Ray worker, whose process must not be copied."""
     import pickle
@@ -212,8 +213,12 @@ def _tp_member(request: str, rank: int) -> None:
     from runtime.models.protocol import build_model
 
     label, source, config, degree, port = pickle.loads(Path(request).read_bytes())
+    backend = "gloo"
+    if config.device == "cuda":  # one GPU per member, NCCL between them, as a stage's workers
+        torch.cuda.set_device(rank)
+        backend = "nccl"
     dist.init_process_group(
-        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=degree
+        backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=degree
     )
     try:
         parts = build_model(source, seed=config.seed)

@@ -24,7 +24,7 @@ from orchestrator.profiles.profile import (
     profile_to_json,
 )
 from orchestrator.recipe import Recipe, load_recipe
-from orchestrator.recipe.models import build_parts, model_label, spec_of
+from orchestrator.recipe.models import build_parts, model_label, model_source, spec_of
 from runtime.models.specs import ModelSpec
 
 if TYPE_CHECKING:  # for annotations only: importing runtime.profiler imports torch
@@ -85,6 +85,13 @@ def add_profile(commands: argparse._SubParsersAction, formatter: type) -> None:
         metavar="N",
         help="torch CPU threads while measuring (1: one local worker's CPU slot)",
     )
+    p.add_argument(
+        "--tp",
+        metavar="DEGREES",
+        help="comma-separated tensor-parallel degrees to measure too, e.g. 2,4: the model split "
+        "over as many processes (one GPU each on CUDA, NCCL; gloo on the CPU), as a stage's "
+        "workers run it (default: none, the model whole)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document")
     p.set_defaults(run=run_profile)
 
@@ -96,7 +103,7 @@ def run_profile(args: argparse.Namespace, catalog: Catalog) -> int:
     _check_counts(args)
     gpu = _target_gpu(args.gpu, recipe, catalog)
     # torch is imported here only: `import orchestrator` must not pull it in
-    from runtime.profiler import ProfilerConfig, profile_model
+    from runtime.profiler import ProfilerConfig, profile_model, profile_tensor_parallel
 
     config = ProfilerConfig(
         microbatch_sizes=sizes,
@@ -109,7 +116,15 @@ def run_profile(args: argparse.Namespace, catalog: Catalog) -> int:
     )
     parts = build_parts(recipe.model, seed=recipe.training.seed)
     measurement = profile_model(model_label(recipe.model), parts, config)
-    profile = measured_profile(measurement, gpu=gpu, precision=recipe.training.precision, spec=spec)
+    split = [
+        profile_tensor_parallel(
+            model_label(recipe.model), model_source(recipe.model), config, degree=degree
+        )
+        for degree in _tp_degrees(args.tp, spec, config.device)
+    ]
+    profile = measured_profile(
+        measurement, gpu=gpu, precision=recipe.training.precision, spec=spec, split=split
+    )
     document = profile_to_json(profile, gpu)
     document["measurement"] = _measurement_facts(measurement, config, gpu)
     _write(args.output, document)
@@ -119,6 +134,34 @@ def run_profile(args: argparse.Namespace, catalog: Catalog) -> int:
         return 0
     _print(args.output, document, rows)
     return 0
+
+
+def _tp_degrees(text: str | None, spec: ModelSpec, device: str) -> list[int]:
+    """The ``--tp`` degrees above 1, each one the model splits and this machine can run."""
+    from orchestrator.planner.space import splits
+
+    if not text:
+        return []
+    try:
+        degrees = sorted({int(part) for part in text.split(",")} - {1})
+    except ValueError:
+        raise UserError(f"--tp {text!r} is not whole numbers", fix="write e.g. --tp 2,4") from None
+    for degree in degrees:
+        if degree < 1 or not splits(spec, degree):
+            raise UserError(
+                f"--tp {degree}: {spec.name} does not split {degree} ways (its heads and widths "
+                "must divide evenly, and only GPT-family models have a plan the planner uses)",
+                fix="name degrees that divide the model's heads",
+            )
+        if device == "cuda":
+            import torch
+
+            if torch.cuda.device_count() < degree:
+                raise UserError(
+                    f"--tp {degree} needs {degree} GPUs; torch sees {torch.cuda.device_count()}",
+                    fix="measure on a machine with that many GPUs, or a lower degree",
+                )
+    return degrees
 
 
 def _profilable_spec(recipe: Recipe) -> ModelSpec:

@@ -183,3 +183,21 @@ def test_layers_timed_in_one_graph_add_up_to_a_whole_pass() -> None:
     total = sum(f + b for f, b in times)
     assert total <= elapsed
     assert total >= 0.5 * elapsed  # the stamps cover the pass, not a part of it
+
+
+def test_profile_measures_the_model_split_too_when_asked(tmp_path, capsys):
+    """``--tp 2``: the model split over two processes (gloo here), as a TP-2 stage's workers hold
+    it: a worker's blocks hold half the split weights; the split sizes sit under TP 2."""
+    output = tmp_path / "split.json"
+    recipe = _recipe(tmp_path)
+    code = main(
+        ["profile", str(recipe), "-o", str(output), "--microbatch-sizes", "1", "--tp", "2", *FAST]
+    )
+    assert code == 0, capsys.readouterr().out
+    profile = load_profile_json(output)
+    whole, split = profile.layer_table(1).params, profile.layer_table(2).params
+    assert split[0] == whole[0] and split[-1] == whole[-1]  # embedding and head stay whole
+    assert all(whole[i] / 2 < split[i] < whole[i] for i in range(1, SPEC.num_layers - 1))
+    assert profile.time_table("T4", 1, 2).scaled_from_mbs is None
+    assert main(["profile", str(recipe), "-o", str(output), "--tp", "3"]) == 2  # 4 heads
+    assert "does not split 3 ways" in capsys.readouterr().err
