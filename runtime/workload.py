@@ -28,8 +28,8 @@ from runtime.models.protocol import (
 class DataSource:
     """What the model reads: ``builtin`` (the byte corpus, or synthetic images), ``tokens``
     (token files at ``url``, data/tokens.py) or ``shards`` (WebDataset-style tar shards at
-    ``url``, data/shards.py: sample ``k`` is the set's ``k mod N``, epoch after epoch, in the
-    set's order); ``log_samples``: report the sample ids each step read."""
+    ``url``, data/shards.py: each epoch visits the shards, and each shard's samples, in an
+    order of its own: data/epochs.py); ``log_samples``: report the sample ids each step read."""
 
     kind: str = "builtin"
     url: str | None = None
@@ -83,19 +83,24 @@ def build_workload(
     if data is not None and data.kind == "tokens":
         _read_tokens(workload, data, seed=seed, label=source.label)
     elif data is not None and data.kind == "shards":
-        _read_shards(workload, data)
+        _read_shards(workload, data, seed=seed)
     return workload
 
 
-def _read_shards(workload: Workload, data: DataSource) -> None:
+def _read_shards(workload: Workload, data: DataSource, *, seed: int) -> None:
+    from runtime.data.epochs import ShardEpochs
     from runtime.data.shards import ShardReader
     from runtime.storage import open_store
 
     reader = ShardReader(open_store(data.url), "")
-    workload.samples = reader.samples
+    order = ShardEpochs(reader.require_index("reading a set by epochs"), seed=seed)
+
+    def ids(first: int, count: int) -> list[int]:
+        return [order(k) for k in range(first, first + count)]
+
+    workload.samples = lambda first, count: reader.samples_at(ids(first, count))
     if data.log_samples:
-        count = reader.num_samples
-        workload.sample_ids = lambda first, n: [k % count for k in range(first, first + n)]
+        workload.sample_ids = ids
 
 
 def _read_tokens(workload: Workload, data: DataSource, *, seed: int, label: str) -> None:

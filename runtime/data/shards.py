@@ -236,7 +236,7 @@ class ShardReader:
     def num_samples(self) -> int:
         # not __len__: list(reader) asks len() for a size hint, and shards without an index
         # must still stream
-        return self._need_index("counting samples").num_samples
+        return self.require_index("counting samples").num_samples
 
     def __iter__(self) -> Iterator[Sample]:
         return self.iter_from(0)
@@ -259,22 +259,28 @@ class ShardReader:
             yield from samples[skip:]
             skip = max(0, skip - len(samples))
 
+    def samples_at(self, numbers: Iterable[int]) -> Sample:
+        """The set's samples ``numbers`` (any order) stacked, ``(inputs, targets)``."""
+        picked = [self._sample_at(k) for k in numbers]
+        inputs, targets = zip(*picked, strict=True)
+        return torch.stack(inputs), torch.stack(targets)
+
     def samples(self, first: int, count: int) -> Sample:
         """Samples ``first .. first + count - 1`` stacked, ``(inputs, targets)``: the same call as
         the synthetic data sets. Past the end the set repeats (sample ``k`` is ``k mod len``, one
         epoch after another); fetches only the shards it needs and keeps the last one."""
-        index = self._need_index("random access")
+        index = self.require_index("random access")
         picked = [self._sample_at(k % index.num_samples) for k in range(first, first + count)]
         inputs, targets = zip(*picked, strict=True)
         return torch.stack(inputs), torch.stack(targets)
 
     def _sample_at(self, k: int) -> Sample:
-        number, position = self._need_index("random access").locate(k)
+        number, position = self.require_index("random access").locate(k)
         if self._cached is None or self._cached[0] != number:
             self._cached = (number, self._shard(number))
         return self._cached[1][position]
 
-    def _need_index(self, what: str) -> ShardIndex:
+    def require_index(self, what: str) -> ShardIndex:
         if self.index is None:
             raise ShardError(
                 f"{what} needs {self._where(INDEX_NAME)}, which is missing: write the set with "

@@ -83,7 +83,8 @@ def test_a_set_that_cannot_be_read_says_why(tmp_path):
 
 
 def test_a_model_reads_the_shards_the_recipe_names(tmp_path):
-    """data.source shards: the workers' samples are the set's, sample k the set's k mod N."""
+    """data.source shards: the workers' samples are the set's, every sample once an epoch, each
+    epoch in a shard order and in-shard order of its own, from the seed."""
     from runtime.data.shards import write_shards
     from runtime.workload import DataSource, build_workload
 
@@ -92,6 +93,12 @@ def test_a_model_reads_the_shards_the_recipe_names(tmp_path):
     write_shards(zip(images, labels, strict=True), LocalStore(tmp_path), "", samples_per_shard=4)
     data = DataSource(kind="shards", url=str(tmp_path), log_samples=True)
     workload = build_workload("cnn-tiny", seed=0, data=data)
-    x, y = workload.samples(8, 4)  # the set's 8, 9, then 0, 1: the next epoch
-    assert torch.equal(x, images[[8, 9, 0, 1]]) and torch.equal(y, labels[[8, 9, 0, 1]])
-    assert workload.sample_ids(8, 4) == [8, 9, 0, 1]
+    ids = workload.sample_ids(0, 30)  # three epochs of the 10 samples
+    epochs = [ids[e * 10 : (e + 1) * 10] for e in range(3)]
+    assert all(sorted(epoch) == list(range(10)) for epoch in epochs)  # each sample once an epoch
+    assert len({tuple(epoch) for epoch in epochs}) == 3  # each epoch in an order of its own
+    # a shard's samples follow each other (one fetch): 3 shards, so 2 changes of shard an epoch
+    assert all(sum(a // 4 != b // 4 for a, b in zip(e, e[1:], strict=False)) == 2 for e in epochs)
+    x, y = workload.samples(8, 4)  # what the ids say, read from the shards
+    assert torch.equal(x, images[ids[8:12]]) and torch.equal(y, labels[ids[8:12]])
+    assert build_workload("cnn-tiny", seed=0, data=data).sample_ids(0, 30) == ids  # seed decides
