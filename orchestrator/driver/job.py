@@ -182,7 +182,11 @@ def prepare(
     reads it and the driver's spec."""
     from orchestrator.driver.local import measured_here
 
-    recipe = absolute_paths(measured_here(recipe, folder, recipe_path.parent))
+    if recipe.provider == "local" or options.emulate:
+        # a worker there is a CPU slot standing in for a GPU: this machine's times are its own;
+        # a real cloud's GPUs are not this CPU (the recipe's profile mode holds there)
+        recipe = measured_here(recipe, folder, recipe_path.parent)
+    recipe = absolute_paths(recipe)
     (folder / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier run
     signing_key(folder)  # made now, in the submitting user's folder, with its owner's rights
     store = StateStore(folder)
