@@ -110,6 +110,12 @@ class PlanSource(Protocol):
         """The best plan now; ``held``: nodes this job already holds per place (free to it);
         ``held_only``: on those nodes alone (no launch)."""
 
+    def unmeasured(self, plan: Plan) -> tuple[str, ...]:
+        """GPU types of ``plan`` whose times are to be measured on the job's nodes first."""
+
+    def learn(self, gpu: str, profile) -> None:
+        """``gpu``'s measured profile (None: the measurement failed; plan on the estimate)."""
+
 
 class Cloud(Protocol):
     def launch(self, request: Request, *, gang: str) -> list[str]: ...
@@ -146,6 +152,10 @@ class Trainer(Protocol):
 
     def sweep(self, *, keep: str | None) -> None:
         """Free every worker group of this job but ``keep`` (what an earlier driver left)."""
+
+    def measure(self, gpu: str, infra: str):
+        """The model's profile measured on a node of ``gpu`` in ``infra`` (before workers start
+        there); raises when it cannot be."""
 
     def rescue(self, step: int) -> bool:
         """After a worker died: checkpoint the state after ``step`` committed steps from the

@@ -18,6 +18,7 @@ from orchestrator.planner.objective import Objective, RiskModel
 from orchestrator.planner.search import SearchOptions, SearchResult, search
 from orchestrator.planner.space import SearchSpace, build_space
 from orchestrator.profiles import profile_for_recipe
+from orchestrator.profiles.profile import ModelProfile, overlaid
 from orchestrator.recipe import Recipe
 from orchestrator.simulator import views_for
 
@@ -38,8 +39,15 @@ class PlanningContext:
     evaluator: Evaluator
 
 
-def prepare(recipe: Recipe, catalog: Catalog, market: OfferTable | None = None) -> PlanningContext:
-    """The search space and evaluator for ``recipe`` over ``market`` (default: the recipe's)."""
+def prepare(
+    recipe: Recipe,
+    catalog: Catalog,
+    market: OfferTable | None = None,
+    *,
+    measured: ModelProfile | None = None,
+) -> PlanningContext:
+    """The search space and evaluator for ``recipe`` over ``market`` (default: the recipe's);
+    ``measured``: figures measured on the job's own nodes, laid over the recipe's profile."""
     if market is None:
         market = catalog.market(recipe.provider, Path(recipe.market) if recipe.market else None)
     space = build_space(recipe, market, catalog)
@@ -50,6 +58,8 @@ def prepare(recipe: Recipe, catalog: Catalog, market: OfferTable | None = None) 
         microbatch_sizes=space.microbatch_sizes,
         tp_degrees=space.tp_degrees,
     )
+    if measured is not None:
+        profile = overlaid(profile, measured)
     if profile.num_layers != space.num_layers:
         space = build_space(recipe, market, catalog, num_layers=profile.num_layers)
     network, prices, settings = views_for(catalog, market)
@@ -77,7 +87,10 @@ def plan_recipe(
     catalog: Catalog,
     market: OfferTable | None = None,
     options: SearchOptions | None = None,
+    *,
+    measured: ModelProfile | None = None,
 ) -> SearchResult:
-    """The best plans for ``recipe`` on ``market``, best first (``options.top_k`` of them)."""
-    context = prepare(recipe, catalog, market)
+    """The best plans for ``recipe`` on ``market``, best first (``options.top_k`` of them);
+    ``measured``: see ``prepare``."""
+    context = prepare(recipe, catalog, market, measured=measured)
     return search(context.evaluator, context.space, options)

@@ -229,6 +229,60 @@ class ModelProfile:
         )
 
 
+def overlaid(base: ModelProfile, measured: ModelProfile) -> ModelProfile:
+    """``base`` (an estimate) with the figures ``measured`` holds put over it: its GPUs' times
+    and its layer sizes at the TP degrees it measured. A (microbatch, TP) of a measured GPU
+    that was not measured keeps the estimate calibrated, layer by layer, by what measuring
+    found at TP 1 (measured / estimated at the nearest measured microbatch): estimates run fast
+    (BENCHMARKS.md), and one left as it is would win against the measured figures beside it."""
+    if measured.model != base.model or measured.num_layers != base.num_layers:
+        raise UserError(
+            f"cannot lay a profile of {measured.model} ({measured.num_layers} layers) over one "
+            f"of {base.model} ({base.num_layers} layers)",
+            fix="profile the same model",
+        )
+    gpus = dict(base.gpus)
+    for name, gpu in measured.gpus.items():
+        under = base.gpus.get(name)
+        times = dict(gpu.times)
+        for key, estimate in (under.times if under else {}).items():
+            if key not in times:
+                times[key] = _calibrated(estimate, key[0], under, gpu)
+        gpus[name] = GpuProfile(name, gpu.source, gpu.origin, times)
+    return ModelProfile(
+        base.model,
+        base.precision,
+        base.optimizer,
+        base.tokens_per_sample,
+        {**base.layers, **measured.layers},
+        gpus,
+        base.tied_elements,
+    )
+
+
+def _calibrated(estimate: TimeTable, mbs: int, base: GpuProfile, measured: GpuProfile):
+    """``estimate`` times the measured / estimated ratio of each layer at TP 1 (the measured
+    microbatch size nearest ``mbs`` that both hold; the estimate as it is when none)."""
+    shared = [m for m in measured.microbatch_sizes(1) if (m, 1) in base.times]
+    if not shared:
+        return estimate
+    nearest = min(shared, key=lambda m: (abs(m - mbs), m))
+    truth, guess = measured.times[(nearest, 1)], base.times[(nearest, 1)]
+
+    def scale(values, measured_values, guessed):
+        return tuple(
+            v * (m / g if g > 0 else 1.0)
+            for v, m, g in zip(values, measured_values, guessed, strict=True)
+        )
+
+    return TimeTable(
+        forward_s=scale(estimate.forward_s, truth.forward_s, guess.forward_s),
+        backward_s=scale(estimate.backward_s, truth.backward_s, guess.backward_s),
+        update_s=scale(estimate.update_s, truth.update_s, guess.update_s),
+        scaled_from_mbs=estimate.scaled_from_mbs,
+    )
+
+
 def profile_to_json(profile: ModelProfile, gpu: str) -> dict:
     """The JSON document of one GPU's profile (docs/profile.md)."""
     gpu_profile = profile.gpu(gpu)

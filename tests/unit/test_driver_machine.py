@@ -38,10 +38,19 @@ def plan_in(place: str, *, nodes: int = 2) -> Plan:
 class FakePlans:
     """Prefers US, then EU; each plan asks for two nodes in one place."""
 
-    def __init__(self, places=(US, EU)) -> None:
+    def __init__(self, places=(US, EU), *, measure: tuple[str, ...] = ()) -> None:
         self.places = places
         self.asked: list[frozenset] = []
         self.held: list[dict] = []
+        self.to_measure = set(measure)  # GPU types to time on the job's nodes (profile: auto)
+        self.learned: dict[str, object] = {}
+
+    def unmeasured(self, plan: Plan) -> tuple[str, ...]:
+        return tuple(sorted({r.gpu for s in plan.stages for r in s.replicas} & self.to_measure))
+
+    def learn(self, gpu: str, profile) -> None:
+        self.to_measure.discard(gpu)
+        self.learned[gpu] = profile
 
     def choose(
         self, *, excluded: frozenset[str], held: dict[str, int], held_only: bool = False
@@ -202,6 +211,15 @@ class FakeTrainer:
     def sweep(self, *, keep: str | None) -> None:
         for name in [n for n in self.cloud.workers if n != keep]:
             del self.cloud.workers[name]
+
+    def measure(self, gpu: str, infra: str):
+        """A profile of ``gpu`` timed in ``infra``; raises ``measure_error`` when a test sets one;
+        must find the workers not started yet."""
+        assert self.name is None or self.name not in self.cloud.workers, "measured before start"
+        self.measured = getattr(self, "measured", []) + [(gpu, infra)]
+        if getattr(self, "measure_error", None) is not None:
+            raise self.measure_error
+        return f"profile of {gpu}"
 
     def rescue(self, step: int) -> bool:
         """Survivors hold every stage when ``rescuable`` (a test's choice)."""
@@ -511,3 +529,34 @@ def test_a_node_lost_while_checkpointing_is_a_recovery_too(tmp_path):
     assert state.phase == "done" and state.recoveries == 1
     assert trainer.starts == [None, 5]  # back to the checkpoint before the failed one
     assert list(state.losses) == [1.0 / (k + 1) for k in range(20)]
+
+
+def test_on_a_real_cloud_the_model_is_timed_on_its_first_node_then_planned_again(tmp_path):
+    """profile: auto on a real cloud: before the workers start, the T4 nodes' times are measured
+    on one of them and the job plans again on them, keeping the nodes that still fit."""
+    cloud = FakeCloud({US: 2, EU: 2})
+    trainer, plans = FakeTrainer(cloud), FakePlans(measure=("T4",))
+    state = make_driver(tmp_path, cloud, trainer, plans=plans).run()
+    assert state.phase == "done" and state.step == 20
+    assert trainer.measured == [("T4", US)] and plans.learned == {"T4": "profile of T4"}
+    assert names(tmp_path)[:6] == [
+        "planned",
+        "launched",
+        "profiled",
+        "planned",
+        "launched",
+        "started",
+    ]
+    assert cloud.launched == 2  # the second plan kept the nodes the first one launched
+    assert trainer.starts == [None]
+
+
+def test_a_measurement_that_fails_leaves_the_estimate_and_training_goes_on(tmp_path):
+    cloud = FakeCloud({US: 2, EU: 2})
+    trainer, plans = FakeTrainer(cloud), FakePlans(measure=("T4",))
+    trainer.measure_error = RuntimeError("CUDA driver too old")
+    state = make_driver(tmp_path, cloud, trainer, plans=plans).run()
+    assert state.phase == "done" and plans.learned == {"T4": None}
+    events = list(read_events(tmp_path / "job" / "events.jsonl"))
+    failed = [e for e in events if e["event"] == "profile_failed"]
+    assert len(failed) == 1 and "CUDA driver too old" in failed[0]["reason"]

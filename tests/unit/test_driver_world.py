@@ -102,3 +102,42 @@ def test_refused_everywhere_is_one_line_grouped_by_the_clouds_answer():
     )
     assert "VcpuLimitExceeded in aws/eu-west-1/eu-west-1a" in broken.message
     assert broken.fix.startswith("try later; ask; or allow more locations")
+
+
+def test_times_measured_on_the_jobs_nodes_replace_the_estimate_in_the_next_plan():
+    """profile: auto on a real cloud: the estimate first; once the T4 is measured (here: this
+    CPU standing in, slower than any T4), plans are predicted on the measured times."""
+    from orchestrator.catalog import default_catalog
+    from orchestrator.profiles.measured import measured_profile
+    from runtime.models.specs import model_spec
+    from runtime.profiler import ProfilerConfig, profile_gpt
+
+    text = RECIPE.replace("provider: local", "provider: gcp").replace("analytic", "auto")
+    text = text.replace("min_cost, deadline_h: 1.0", "max_throughput").replace(
+        "pricing: spot}", "pricing: spot, max_gpus: 2, locations: [gcp/us-central1]}"
+    )
+    recipe = parse_recipe(text, file="auto.yaml", folder=Path("."))
+    catalog = default_catalog()
+    plans = MarketPlans(recipe, catalog, provisioner=None, progress=lambda: (0, 0.0))
+    plans.market = lambda held, held_only=False: catalog.market("gcp")
+    estimated = plans.choose(excluded=frozenset(), held={})
+    assert plans.unmeasured(estimated.plan) == ("T4",)
+    config = ProfilerConfig(microbatch_sizes=(2,), repeats=1, warmup=1)
+    slow = measured_profile(profile_gpt(model_spec("gpt-tiny"), config), gpu="T4", precision="fp32")
+    plans.learn("T4", slow)
+    assert plans.unmeasured(estimated.plan) == ()
+    measured = plans.choose(excluded=frozenset(), held={})
+    assert measured.samples_per_s < 0.7 * estimated.samples_per_s  # a CPU slot is no T4
+    # what was not measured (TP 2) is the estimate calibrated by the measured TP 1
+    profile = plans.measured  # laid over the estimate when planning
+    from orchestrator.profiles import profile_for_recipe
+    from orchestrator.profiles.profile import overlaid
+
+    estimate = profile_for_recipe(recipe, ["T4"], catalog, microbatch_sizes=(2,), tp_degrees=(1, 2))
+    both = overlaid(estimate, profile)
+    ratio = both.time_table("T4", 2, 1).forward_s[1] / estimate.time_table("T4", 2, 1).forward_s[1]
+    assert both.time_table("T4", 2, 2).forward_s[1] == pytest.approx(
+        estimate.time_table("T4", 2, 2).forward_s[1] * ratio
+    )
+    local = parse_recipe(RECIPE.replace("analytic", "auto"), file="l.yaml", folder=Path("."))
+    assert MarketPlans(local, catalog, provisioner=None).unmeasured(estimated.plan) == ()
