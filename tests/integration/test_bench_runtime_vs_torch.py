@@ -34,14 +34,14 @@ def _run(*args: str, timeout_s: float = 180) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.integration
-def test_quick_run_compares_both_parallelisms_on_equal_losses():
+def test_quick_run_compares_the_three_parallelisms_on_equal_losses():
     done = _run("--quick", "--json")
     assert done.returncode == 0, done.stderr[-4000:]
     document = json.loads(done.stdout)
     config = document["config"]
     assert config["model"] == "gpt-tiny" and document["target_ratio"] == 0.95
     names = [c["name"] for c in document["comparisons"]]
-    assert len(names) == 2 and names[0].startswith("DP") and names[1].startswith("PP")
+    assert [n[:2] for n in names] == ["DP", "PP", "TP"], names
     for c in document["comparisons"]:
         assert len(c["ours_repeats_samples_per_s"]) == config["repeats"]
         assert len(c["torch_repeats_samples_per_s"]) == config["repeats"]
