@@ -55,9 +55,11 @@ RAY = frozenset(
         "test_local_gateway",
         "test_local_provisioner",
         "test_own_models_submit",
+        "test_plan_shapes",
         "test_runtime_failures",
         "test_runtime_models",
         "test_runtime_takeover",
+        "test_runtime_tensor_parallel",
         "test_runtime_training",
         "test_straggler",
     }

@@ -5,9 +5,9 @@ tensor parallelism per stage (stages of different degrees: GPU types of other me
 built differently (kinds of pipeline placed apart), unequal shares of the batch per pipeline,
 flat or hierarchical all-reduce, a compressed cross-region hop, a deeper latency-aware warm-up.
 First, whatever the planner returns for recipes that open all of these becomes a runtime
-layout (the only refusal left: replicas of one stage at different degrees). Then one plan of
-each shape, and one that combines them, trains two steps on a local Ray cluster with the
-losses of one process."""
+layout (the only refusal left: replicas of one stage at different degrees). Then plans that
+cover every shape between them train two steps on a local Ray cluster with the losses of one
+process (TP stages with replicas in two regions: test_runtime_tensor_parallel.py)."""
 
 from __future__ import annotations
 
@@ -79,17 +79,14 @@ def _plan(layers, pipelines, **options) -> Plan:
 
 
 SHAPES = {
-    "PP2 uneven x DP2, flat": _plan([(0, 2), (2, 6)], [(2, [(A1, 1), (A1, 1)])], allreduce="flat"),
-    "TP2 stages x DP2 over two regions, hierarchical": _plan(
-        [(0, 3), (3, 6)], [(1, [(A1, 2), (A1, 2)]), (1, [(B1, 2), (B1, 2)])]
-    ),
     "stages of other degrees (TP 1 -> TP 2 -> TP 1)": _plan(
         [(0, 2), (2, 4), (4, 6)], [(1, [(A1, 1), (A1, 2), (A1, 1)])]
     ),
-    "pipelines built differently, unequal shares": _plan(
-        [(0, 3), (3, 6)],
+    "pipelines built differently, uneven split, unequal shares, flat": _plan(
+        [(0, 2), (2, 6)],
         [(1, [(A1, 1), (A2, 1)]), (1, [(B1, 1), (A2, 1)])],
         pipeline_microbatches=(3, 1),
+        allreduce="flat",
     ),
     "compressed cross-region hop with TP 2": _plan(
         [(0, 6)], [(1, [(A1, 2)]), (1, [(B1, 2)])], compression="int8"
