@@ -163,6 +163,7 @@ def profile_tensor_parallel(
     train; the first one's figures.
     The members are fresh interpreters (``python -m runtime.profiler``), not forks: the caller
     may be a Ray worker, whose process must not be copied."""
+    import os
     import pickle
     import socket
     import subprocess
@@ -173,6 +174,13 @@ def profile_tensor_parallel(
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
+    # the group meets on this machine's loopback: an interface pinned for another group (a
+    # worker's overlay, runtime/actor.py) is not for it
+    env = {
+        k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+    }
+    if Path("/sys/class/net/lo").exists():
+        env["GLOO_SOCKET_IFNAME"] = "lo"
     with tempfile.TemporaryDirectory(prefix="geo-tp-profile-") as folder:
         request = Path(folder) / "request.pkl"
         request.write_bytes(pickle.dumps((label, source, config, degree, port)))
@@ -181,6 +189,7 @@ def profile_tensor_parallel(
                 [sys.executable, "-m", "runtime.profiler", str(request), str(rank)],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.PIPE,
+                env=env,
             )
             for rank in range(degree)
         ]

@@ -148,7 +148,8 @@ def test_workers_listen_where_ray_does_off_loopback(monkeypatch):
     addresses["wg0"] = [SimpleNamespace(address="100.64.0.7")]
     monkeypatch.setattr(psutil, "net_if_addrs", lambda: addresses)
     for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv(name, "unset")  # recorded, so the test's own setting is undone after
+        monkeypatch.delenv(name)
     pin_interfaces("127.0.0.1")
     assert "GLOO_SOCKET_IFNAME" not in os.environ
     pin_interfaces("100.64.0.7")
