@@ -130,7 +130,7 @@ class BenchConfig:
         )
 
 
-QUICK = BenchConfig(model="gpt-tiny", global_batch=4, microbatch=1, steps=2, repeats=2)
+QUICK = BenchConfig(model="gpt-tiny", global_batch=4, microbatch=1, steps=2, repeats=1)
 
 
 @dataclass(frozen=True, kw_only=True)
