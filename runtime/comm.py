@@ -151,6 +151,10 @@ class Comm:
         while queue and queue[0][0] <= number and queue[0][2]:
             queue.popleft()[2][0].wait()
 
+    def pending_tensors(self) -> list[torch.Tensor]:
+        """The tensors of sends not let go yet (held until their peer has them)."""
+        return [tensor for queue in self._pending.values() for _, tensor, _ in queue]
+
     def recv(
         self, shape: tuple[int, ...], dtype: torch.dtype, source: int, *, phase: str
     ) -> torch.Tensor:

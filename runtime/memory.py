@@ -4,8 +4,12 @@ On a GPU the caching allocator keeps the figure (``torch.cuda.max_memory_allocat
 keeps no allocator statistics, but its tensors come from glibc's ``malloc``, whose ``mallinfo2``
 reports the bytes handed out and not yet freed (arena chunks + mmapped chunks, all arenas). The
 runner samples it at the step's turning points (after each forward and backward, after the gradient
-sync and the optimizer step); the peak less what was in use besides the stage's tensors when the
-stage was built is the tensor peak. Only the first ``SAMPLED_STEPS`` steps are sampled: a layout
+sync and the optimizer step); the peak less what was in use besides the stage's tensors is the
+tensor peak. "Besides" is taken twice: when the stage is built, and again at the end of its first
+step (``rebase``), less the tensors the runner knows it holds then (weights, gradients, optimizer
+state, sends in flight): the first step also allocates what is not tensors and stays (gloo's
+buffers, autograd's and DTensor's caches: 8 MiB for a gpt-mini worker, 12-15 MiB more with
+tensor parallelism), which no GPU profile's memory holds and a GPU allocator would not count. Only the first ``SAMPLED_STEPS`` steps are sampled: a layout
 allocates the same tensors every step once the optimizer's state exists (step 0 makes it), and in a
 Ray worker one ``mallinfo2`` walks every free chunk of every arena (~0.2 ms after a backward, about
 1% of a gpt-mini pipeline step over 17 samples, paid on the critical path). A process-wide resident set would not do: it holds the Python
@@ -100,6 +104,18 @@ class TensorMemory:
         if self._baseline is not None and self._steps_left > 0:
             in_use = malloc_in_use_bytes()
             self._peak = in_use if in_use > self._peak else self._peak
+
+    @property
+    def rebases(self) -> bool:
+        """Whether the step now ending is the first (``rebase`` wants the tensors held)."""
+        return self._baseline is not None and self._steps_left == self.steps and self.steps > 1
+
+    def rebase(self, held_bytes: int) -> None:
+        """At the end of the first step: what is in use besides the ``held_bytes`` of tensors
+        the runner holds now is not tensors; the peak is measured afresh from here."""
+        in_use = malloc_in_use_bytes()
+        self._baseline = in_use - held_bytes
+        self._peak = in_use
 
     def step_done(self) -> None:
         """One more step measured (the sampled steps' peak is the layout's)."""

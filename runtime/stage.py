@@ -140,6 +140,8 @@ class StageRunner:
                 self.optimizer.step()
             self.applied = step + 1
         self.memory.sample()
+        if self.memory.rebases:
+            self.memory.rebase(self._held_bytes())
         self.memory.step_done()
         end = time.perf_counter()
         phases = {k: v - waited.get(k, 0.0) for k, v in self.comm.wait_s.items()}
@@ -149,6 +151,22 @@ class StageRunner:
         )
         self.last_phases_s = phases
         return loss
+
+    def _held_bytes(self) -> int:
+        """Bytes of the tensors this worker holds between steps: weights, the gradient buffer,
+        optimizer and compression state, sends not yet let go (memory.py's ``rebase``)."""
+        tensors = [*self.parameters, self.flat_grad]
+        for optimizer in (self.optimizer, self.tied_optimizer):
+            for state in optimizer.state.values() if optimizer else ():
+                tensors += [v for v in state.values() if isinstance(v, torch.Tensor)]
+        if self.compressor is not None and self.compressor.residual is not None:
+            tensors.append(self.compressor.residual)
+        tensors += self.comm.pending_tensors()
+        storages = {}  # each storage once (a weight and its local view share one)
+        for t in tensors:
+            storage = t.untyped_storage()
+            storages[storage.data_ptr()] = storage.nbytes()
+        return sum(storages.values())
 
     def _step(self, step: int) -> float | None:
         self.flush_tied()  # the previous step's tied update, before this step's first forward

@@ -75,3 +75,23 @@ def test_a_worker_that_keeps_freed_memory_allocates_from_the_heap_and_keeps_it()
     assert mapped < 16 * 2**20  # from the heap, not a fresh mapping
     assert heap >= 16 * 2**20
     assert heap_after_free == heap  # freed, but kept for the next step's tensors
+
+
+def test_a_rebase_leaves_out_what_the_first_step_allocated_besides_tensors():
+    """At the end of the first step, what is in use besides the tensors held then (a cache, a
+    communication buffer) stays out of the tensor figure."""
+    gc.collect()
+    memory = TensorMemory("cpu", steps=3)
+    memory.start(0)
+    state = torch.ones(4 * 2**20, dtype=torch.uint8)  # the first step's optimizer state: held
+    cache = bytearray(8 * 2**20)  # not a tensor, kept from the first step on
+    assert memory.rebases
+    memory.rebase(state.numel())
+    memory.step_done()
+    assert not memory.rebases
+    activations = torch.ones(2 * 2**20, dtype=torch.uint8)
+    memory.sample()
+    memory.step_done()
+    expected = state.numel() + activations.numel()
+    assert abs(memory.peak_bytes - expected) < _MALLOC_NOISE_BYTES
+    del cache, activations, state
