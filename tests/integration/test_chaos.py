@@ -69,7 +69,10 @@ def test_six_preemptions_one_a_whole_location_one_the_drivers_node_lose_nothing(
     moves = [e for e in events if e["event"] == "moving_off"]
     recovered = [e for e in events if e["event"] == "recovered"]
     assert len(moves) == 5 and state["recoveries"] == 5
-    assert len(notices) == 6  # four single nodes, and the two nodes of one location
+    # four single nodes and the two nodes of one location; the location's second notice is
+    # logged only if it comes before the driver, moving off the first, has let that node go
+    # (the move below names both either way): 5 in 1 of 6 runs on a loaded host
+    assert len(notices) in (5, 6), notices
     (whole,) = [m for m in moves if "," in m["reason"]]  # the location's nodes left together
     # the driver's node: noticed, then the driver died with it and Ray restarted it on another
     # node, where it took the running workers over at the step it had reached
