@@ -42,9 +42,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.catalog import default_catalog  # noqa: E402
-from orchestrator.cli.profile_cmd import measured_profile  # noqa: E402
 from orchestrator.layout import layout_from_plan  # noqa: E402
 from orchestrator.plan import Plan, Replica, check_plan  # noqa: E402
+from orchestrator.profiles.measured import measured_profile  # noqa: E402
 from orchestrator.simulator import latency_aware_plan_warmup, simulate, views_for  # noqa: E402
 
 US_A, US_B, EU_A = "local/sim-us/sim-us-a", "local/sim-us/sim-us-b", "local/sim-eu/sim-eu-a"
@@ -128,7 +128,9 @@ class _Profilers:
 
         assert tp == 1 or copies == tp, "a tensor-parallel layout's profilers are its group"
         self.actors = [Profiler.remote() for _ in range(copies)]
-        port = _free_port()
+        from runtime.comm import loopback_port
+
+        port = loopback_port()
         ray.get([a.ready.remote(rank, port) for rank, a in enumerate(self.actors)])
 
     def measure(self):
@@ -156,14 +158,6 @@ def _market(catalog):
         path = Path(folder) / "offers.csv"
         path.write_text(default_offers_file().read_text().rstrip("\n") + "\n" + two + "\n")
         return catalog.load_market(path)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def _mean_measurement(measurements):

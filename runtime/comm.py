@@ -31,6 +31,15 @@ from runtime.layout import Layout
 from runtime.shaper import SendPacer, collective_s
 
 
+def loopback_port() -> int:
+    """A free TCP port on 127.0.0.1, for a group whose members all run on this machine."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 class Comm:
     def __init__(
         self,

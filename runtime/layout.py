@@ -144,11 +144,6 @@ class Layout:
         """The first worker of the replica (its tensor-parallel group's rank 0)."""
         return self.workers[self.rank(stage, replica)]
 
-    def workers_of(self, stage: int, replica: int) -> tuple[WorkerSpec, ...]:
-        """The tensor-parallel workers of a stage's replica (one, without tensor parallelism)."""
-        first = self.rank(stage, replica)
-        return self.workers[first : first + self.workers[first].tp]
-
     def tp_group(self, stage: int, replica: int) -> tuple[int, ...]:
         first = self.rank(stage, replica)
         return tuple(range(first, first + self.workers[first].tp))

@@ -46,6 +46,7 @@ from runtime.memory import keep_freed_memory
 from runtime.models.gpt import build_layers, next_token_loss, tp_plan
 from runtime.models.protocol import ModelParts, ModelSource, TokenInputs, owned_parameters
 from runtime.models.specs import GptSpec
+from runtime.tensor_parallel import local, shard_stage
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
 
@@ -165,15 +166,14 @@ def profile_tensor_parallel(
     may be a Ray worker, whose process must not be copied."""
     import os
     import pickle
-    import socket
     import subprocess
     import sys
     import tempfile
     from pathlib import Path
 
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    from runtime.comm import loopback_port
+
+    port = loopback_port()
     # the group meets on this machine's loopback: an interface pinned for another group (a
     # worker's overlay, runtime/actor.py) is not for it
     env = {
@@ -259,9 +259,7 @@ def profile_model(
         layers = [layer.to(device) for layer in parts.layers]
         degree = 1 if tp_group is None else tp_group.size()
         if degree > 1:
-            from runtime import tensor_parallel
-
-            tensor_parallel.shard_stage(
+            shard_stage(
                 nn.Sequential(*layers),
                 parts.tp_plan,
                 group=tp_group,
@@ -285,19 +283,12 @@ def profile_model(
         torch_version=torch.__version__,
         optimizer=config.optimizer,
         repeats=config.repeats,
-        params=tuple(sum(_local(p).numel() for p in params) for params in owned),
+        params=tuple(sum(local(p).numel() for p in params) for params in owned),
         layers=by_size,
         elapsed_s=time.perf_counter() - started,
         method="per-layer" if "per-layer" in methods else "in-graph",
         tp=degree,
     )
-
-
-def _local(parameter: torch.Tensor) -> torch.Tensor:
-    """A worker's part of a parameter (its shard under tensor parallelism)."""
-    from runtime import tensor_parallel
-
-    return tensor_parallel.local(parameter)
 
 
 def _measure_size(
@@ -442,11 +433,11 @@ def _one_pass(
 
 def _kept_bytes(run: Callable[[], tuple], layer: nn.Module) -> int:
     """Bytes autograd saves for backward during one forward, each storage once, weights excluded."""
-    weights = {_local(p).untyped_storage().data_ptr() for p in layer.parameters()}
+    weights = {local(p).untyped_storage().data_ptr() for p in layer.parameters()}
     storages: dict[int, int] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = _local(tensor).untyped_storage()  # a DTensor's: its shard's
+        storage = local(tensor).untyped_storage()  # a DTensor's: its shard's
         if storage.data_ptr() not in weights:
             storages[storage.data_ptr()] = storage.nbytes()
         return tensor
@@ -476,7 +467,7 @@ def _update_seconds(
     optimizers = []
     for params in owned:
         # the worker's shards, as plain tensors: what the runtime's optimizer steps
-        copies = [nn.Parameter(_local(p).detach().clone()) for p in params]
+        copies = [nn.Parameter(local(p).detach().clone()) for p in params]
         for copy in copies:
             copy.grad = torch.randn_like(copy) * 1e-3
         optimizers.append(_make_optimizer(copies, config.optimizer) if copies else None)

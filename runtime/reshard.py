@@ -33,8 +33,7 @@ def global_names(module: nn.Module, start: int, tied: nn.Parameter | None) -> li
     """The global name of each of ``module.parameters()``, in order."""
     names = []
     for local, parameter in module.named_parameters():
-        index, _, rest = local.partition(".")
-        names.append(TIED if parameter is tied else f"{start + int(index)}.{rest}")
+        names.append(TIED if parameter is tied else global_key(start, local))
     return names
 
 
@@ -46,8 +45,7 @@ def merged(states: list[dict]) -> tuple[dict[str, torch.Tensor], dict[str, dict]
     for state in _joined(states):
         start = state["layers"][0]
         for local, tensor in state["module"].items():
-            index, _, rest = local.partition(".")
-            tensors[f"{start + int(index)}.{rest}"] = tensor
+            tensors[global_key(start, local)] = tensor
         for index, name in enumerate(state["param_names"]):  # the optimizer's order
             if index in state["optimizer"]["state"]:
                 optimizer[name] = state["optimizer"]["state"][index]

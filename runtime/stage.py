@@ -102,7 +102,6 @@ class StageRunner:
         self.optimizer_names = [
             n for n, p in zip(names, self.parameters, strict=True) if not (defer and p is self.tied)
         ]
-        self.split_names = {n for n, split in zip(names, self.split, strict=True) if split}
         self._tied_pending = False
         self._tied_skip = False  # the step of the tied update in flight was skipped (fp16 inf)
         # fp16-mixed's loss scale, else None

@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING
 from orchestrator.catalog import Catalog
 from orchestrator.cli.output import format_table, print_json
 from orchestrator.errors import UserError
-from orchestrator.profiles.measured import measured_profile
+from orchestrator.profiles.measured import measure_here
 from orchestrator.profiles.profile import (
     profile_to_json,
 )
 from orchestrator.recipe import Recipe, load_recipe
-from orchestrator.recipe.models import build_parts, model_label, model_source, spec_of
+from orchestrator.recipe.models import spec_of
 from runtime.models.specs import ModelSpec
 
 if TYPE_CHECKING:  # for annotations only: importing runtime.profiler imports torch
@@ -103,7 +103,7 @@ def run_profile(args: argparse.Namespace, catalog: Catalog) -> int:
     _check_counts(args)
     gpu = _target_gpu(args.gpu, recipe, catalog)
     # torch is imported here only: `import orchestrator` must not pull it in
-    from runtime.profiler import ProfilerConfig, profile_model, profile_tensor_parallel
+    from runtime.profiler import ProfilerConfig
 
     config = ProfilerConfig(
         microbatch_sizes=sizes,
@@ -114,16 +114,8 @@ def run_profile(args: argparse.Namespace, catalog: Catalog) -> int:
         threads=args.threads,
         seed=recipe.training.seed,
     )
-    parts = build_parts(recipe.model, seed=recipe.training.seed)
-    measurement = profile_model(model_label(recipe.model), parts, config)
-    split = [
-        profile_tensor_parallel(
-            model_label(recipe.model), model_source(recipe.model), config, degree=degree
-        )
-        for degree in _tp_degrees(args.tp, spec, config.device)
-    ]
-    profile = measured_profile(
-        measurement, gpu=gpu, precision=recipe.training.precision, spec=spec, split=split
+    profile, measurement = measure_here(
+        recipe, spec, config, gpu=gpu, tp_degrees=_tp_degrees(args.tp, spec, config.device)
     )
     document = profile_to_json(profile, gpu)
     document["measurement"] = _measurement_facts(measurement, config, gpu)

@@ -51,6 +51,7 @@ from orchestrator.driver.contract import (  # the machine's vocabulary (importab
 from orchestrator.driver.events import Event, EventLog
 from orchestrator.driver.failures import one_line, refused_everywhere
 from orchestrator.driver.guards import Guards
+from orchestrator.driver.measure import Profiling
 from orchestrator.driver.moves import Moves
 from orchestrator.driver.state import JobState, StateStore
 from orchestrator.driver.straggler import StragglerWatch
@@ -101,7 +102,7 @@ def _same_kind(a: Request, b: Request) -> bool:
     return (a.infra, a.gpu, a.spot, a.instance_type) == (b.infra, b.gpu, b.spot, b.instance_type)
 
 
-class Driver(Guards, Moves):
+class Driver(Guards, Moves, Profiling):
     def __init__(
         self,
         *,
@@ -282,8 +283,8 @@ class Driver(Guards, Moves):
     def _start(self) -> Phase:
         choice, wanted = self.session.choice, self.state.checkpoint_step
         assert choice is not None
-        if self.plans.unmeasured(choice.plan):
-            return self._measure(choice)
+        if self.plans.unmeasured(choice.plan):  # profile: auto on a real cloud (measure.py)
+            return self._measure(choice) or Phase.PLAN
         try:
             same_nodes, self.session.same_nodes = self.session.same_nodes, False
             resumed = self.trainer.start(choice.plan, restore_step=wanted, same_nodes=same_nodes)
@@ -315,28 +316,6 @@ class Driver(Guards, Moves):
             f"from step {resumed}" + (f" (checkpoint of step {resumed})" if resumed else ""),
         )
         return Phase.TRAIN
-
-    def _measure(self, choice: Choice) -> Phase:
-        """Time the model on one node of each GPU type the plan has not measured (profile: auto
-        on a real cloud, world.py), then plan again on those times: the nodes that fit the new
-        plan are kept, the rest let go (``_launch``)."""
-        for gpu in self.plans.unmeasured(choice.plan):
-            infra = next(r.infra for r in self.session.nodes.values() if r.gpu == gpu)
-            try:
-                profile = self.trainer.measure(gpu, infra)
-            except WorkersLost as lost:
-                return self._lost(str(lost))
-            except Exception as error:  # noqa: BLE001 - any failure: plan on the estimate
-                self.plans.learn(gpu, None)
-                self._log(
-                    "profile_failed",
-                    "plan on the estimate",
-                    f"measuring {gpu} in {infra} failed: {type(error).__name__}: {error}",
-                )
-                continue
-            self.plans.learn(gpu, profile)
-            self._log("profiled", "plan again on the measured times", f"{gpu} in {infra}")
-        return Phase.PLAN
 
     def _train(self) -> Phase:
         self.session.step_from_s = self.clock()

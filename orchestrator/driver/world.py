@@ -35,11 +35,11 @@ from orchestrator.driver.machine import (
     StepResult,
     WorkersLost,
 )
+from orchestrator.driver.measure import MEASURE_TIMEOUT_S, NodeProfiles, measure_on_node
 from orchestrator.driver.straggler import pipeline_seconds
 from orchestrator.errors import UserError
 from orchestrator.market import convert_offers
 from orchestrator.plan import Plan
-from orchestrator.profiles.profile import ModelProfile
 from orchestrator.recipe.models import model_label, model_source, spec_of
 from orchestrator.recipe.schema import Recipe
 from provisioners.base import (
@@ -54,19 +54,6 @@ from provisioners.base import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def measures_on_nodes(recipe: Recipe) -> bool:
-    """Whether the driver measures the model on its first node of each GPU type it rents:
-    ``profile: auto`` on a real cloud (the local and emulated clouds' CPU slots are measured on
-    the submitting machine: job.py), for a model the profiler times as it trains (fp32; a
-    user's module model names a measured profile there)."""
-    return (
-        recipe.model.profile == "auto"
-        and recipe.provider != "local"
-        and recipe.training.precision == "fp32"
-        and spec_of(recipe.model).family in ("gpt", "custom")
-    )
 
 
 def describe(plan: Plan) -> str:
@@ -89,25 +76,14 @@ class MarketPlans:
         throughput floor is what the rest of the job needs in the time left."""
         self.recipe, self.catalog, self.provisioner = recipe, catalog, provisioner
         self.progress = progress
-        # profile: auto on a real cloud: each GPU type's times measured on the job's first node
-        # of it (machine.py), then laid over the estimate (None: the recipe's profile holds)
-        self.measured: ModelProfile | None = None
-        self._tried: set[str] = set()
-        self.measuring = measures_on_nodes(recipe)
+        # profile: auto on a real cloud: what the job's own nodes measured (measure.py)
+        self.node_profiles = NodeProfiles(recipe)
 
     def unmeasured(self, plan: Plan) -> tuple[str, ...]:
-        """The GPU types of ``plan`` to measure on the job's nodes before training on them."""
-        if not self.measuring:
-            return ()
-        return tuple(sorted({r.gpu for s in plan.stages for r in s.replicas} - self._tried))
+        return self.node_profiles.unmeasured(plan)
 
-    def learn(self, gpu: str, profile: ModelProfile | None) -> None:
-        """``gpu``'s measured profile (None: its measurement failed; the estimate stays)."""
-        from orchestrator.profiles.profile import overlaid
-
-        self._tried.add(gpu)
-        if profile is not None:
-            self.measured = profile if self.measured is None else overlaid(self.measured, profile)
+    def learn(self, gpu: str, profile) -> None:
+        self.node_profiles.learn(gpu, profile)
 
     def choose(
         self, *, excluded: frozenset[str], held: dict[str, int], held_only: bool = False
@@ -148,7 +124,7 @@ class MarketPlans:
 
         spread = recipe.constraints.min_locations
         try:
-            result = plan_recipe(recipe, self.catalog, market, measured=self.measured)
+            result = plan_recipe(recipe, self.catalog, market, measured=self.node_profiles.measured)
             if result.plans or spread <= 1:
                 return result, ""
         except UserError:
@@ -156,7 +132,9 @@ class MarketPlans:
                 raise
         relaxed = replace(recipe, constraints=replace(recipe.constraints, min_locations=1))
         note = f"spread over fewer than constraints.min_locations ({spread}): the market has fewer"
-        return plan_recipe(relaxed, self.catalog, market, measured=self.measured), note
+        return plan_recipe(
+            relaxed, self.catalog, market, measured=self.node_profiles.measured
+        ), note
 
     def _with_deadline_left(self) -> Recipe:
         """The recipe with its deadline turned into the floor the remaining steps need now."""
@@ -293,10 +271,8 @@ class RuntimeTrainer:
         self._healthy = True  # False once a worker failed: stop without waiting on it
         self._last_nodes: tuple[str, ...] | None = None  # Ray node per rank of the last start
 
-    def measure(self, gpu: str, infra: str) -> ModelProfile:
-        """The model timed on a node of ``gpu`` in ``infra`` (measure.py)."""
-        from orchestrator.driver.measure import MEASURE_TIMEOUT_S, measure_on_node
-
+    def measure(self, gpu: str, infra: str):
+        """The model's profile timed on a node of ``gpu`` in ``infra`` (measure.py)."""
         return measure_on_node(self.recipe, gpu=gpu, infra=infra, timeout_s=MEASURE_TIMEOUT_S)
 
     def _layout(self, plan: Plan):

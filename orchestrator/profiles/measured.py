@@ -87,21 +87,31 @@ def profile_here(
     ``gpu``, as a local worker does): what the local cloud plans with under ``profile: auto``;
     ``tp_degrees``: also split that many ways over as many processes, as a tensor-parallel
     group of local workers trains it. Imports torch and the model's code."""
-    from orchestrator.recipe.models import build_parts, model_label, model_source
-    from runtime.profiler import ProfilerConfig, profile_model, profile_tensor_parallel
+    from runtime.profiler import ProfilerConfig
 
     config = ProfilerConfig(
         microbatch_sizes=recipe.training.microbatch_sizes,
         optimizer=recipe.training.optimizer.name,
         seed=recipe.training.seed,
     )
+    return measure_here(recipe, spec, config, gpu=gpu, tp_degrees=tp_degrees)[0]
+
+
+def measure_here(
+    recipe, spec: ModelSpec, config, *, gpu: str, tp_degrees: Sequence[int] = ()
+) -> tuple[ModelProfile, ModelMeasurement]:
+    """The recipe's model measured on this machine with ``config`` (a ``ProfilerConfig``),
+    whole and split ``tp_degrees`` ways: its profile, and the whole model's measurement."""
+    from orchestrator.recipe.models import build_parts, model_label, model_source
+    from runtime.profiler import profile_model, profile_tensor_parallel
+
     label = model_label(recipe.model)
-    parts = build_parts(recipe.model, seed=recipe.training.seed)
-    measurement = profile_model(label, parts, config)
+    measurement = profile_model(label, build_parts(recipe.model, seed=config.seed), config)
     split = [
         profile_tensor_parallel(label, model_source(recipe.model), config, degree=degree)
         for degree in sorted(set(tp_degrees) - {1})
     ]
-    return measured_profile(
+    profile = measured_profile(
         measurement, gpu=gpu, precision=recipe.training.precision, spec=spec, split=split
     )
+    return profile, measurement

@@ -269,10 +269,8 @@ class ShardReader:
         """Samples ``first .. first + count - 1`` stacked, ``(inputs, targets)``: the same call as
         the synthetic data sets. Past the end the set repeats (sample ``k`` is ``k mod len``, one
         epoch after another); fetches only the shards it needs and keeps the last one."""
-        index = self.require_index("random access")
-        picked = [self._sample_at(k % index.num_samples) for k in range(first, first + count)]
-        inputs, targets = zip(*picked, strict=True)
-        return torch.stack(inputs), torch.stack(targets)
+        size = self.require_index("random access").num_samples
+        return self.samples_at(k % size for k in range(first, first + count))
 
     def _sample_at(self, k: int) -> Sample:
         number, position = self.require_index("random access").locate(k)

@@ -68,8 +68,10 @@ class QKV(nn.Module):
         )
 
     def width(self) -> int:
-        weight = self.q.weight
-        return (weight.to_local() if hasattr(weight, "to_local") else weight).shape[0]
+        """Output features of q this worker holds (a shard's under tensor parallelism)."""
+        from runtime.tensor_parallel import local
+
+        return local(self.q.weight).shape[0]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.cat([self.q(x), self.k(x), self.v(x)], dim=-1)

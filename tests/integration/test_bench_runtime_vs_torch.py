@@ -1,4 +1,4 @@
-"""bench/runtime_vs_torch.py runs end to end in its --quick size: both comparisons (our DP against
+"""bench/runtime_vs_torch.py runs end to end in its --quick size: the three comparisons (our DP against
 DDP, our 1F1B pipeline against torch's Schedule1F1B) report positive throughputs, and the two sides
 train the same model on the same data to the same losses. Speed itself is not checked here (the
 benchmark's printout and BENCHMARKS.md hold the figures)."""

@@ -129,7 +129,7 @@ def test_times_measured_on_the_jobs_nodes_replace_the_estimate_in_the_next_plan(
     measured = plans.choose(excluded=frozenset(), held={})
     assert measured.samples_per_s < 0.7 * estimated.samples_per_s  # a CPU slot is no T4
     # what was not measured (TP 2) is the estimate calibrated by the measured TP 1
-    profile = plans.measured  # laid over the estimate when planning
+    profile = plans.node_profiles.measured  # laid over the estimate when planning
     from orchestrator.profiles import profile_for_recipe
     from orchestrator.profiles.profile import overlaid
 
