@@ -14,7 +14,13 @@
 #   (b) gpu_check's correctness rows (gpt-mini layouts, the HF GPT-2 in fp32 and bf16-mixed)
 #   (c) fidelity of the HF GPT-2 with GPT-2 small's shape (fp32: the profiler measures fp32 only)
 #   (d) fidelity of the built-in gpt2-small, same shape and batch as (c): the two side by side
-# $OUT gets 8 files at most (the device tool's limit): env.log and per part NAME.log (+ NAME.json).
+#   (e) `submit recipes/quickstart.yaml` on the local cloud, whose nodes' GPUs are then this GPU
+#   (f) `submit recipes/hf-gpt2-tp.yaml`: the HF GPT-2 as 2 stages x TP 2, a node preempted
+# PARTS picks some (default: all), e.g. PARTS="pytest submit-quickstart submit-hf". While (e) and
+# (f) run, nvidia-smi's compute processes are sampled every 2 s to $OUT/gpu-apps.log; each job's
+# `started` events (which say what the workers compute on) are printed after it.
+# $OUT gets 8 files at most (the device tool's limit): env.log, gpu-apps.log and per part
+# NAME.log (+ NAME.json): run at most five parts at once, or three with reports.
 # Expected on an H100: setup ~20 s, (a) ~45 s, (b) ~70 s, (c) ~40 s, (d) ~35 s.
 set -u
 cd "$(dirname "$0")/.." || exit 1
@@ -26,6 +32,8 @@ LIMIT_PYTEST_S=90
 LIMIT_CORRECTNESS_S=200 # 9 rows; the 2 TP rows share one GPU over gloo (~25 s each)
 LIMIT_FIDELITY_HF_S=90
 LIMIT_FIDELITY_BUILTIN_S=80
+LIMIT_SUBMIT_S=150
+PARTS=${PARTS:-pytest correctness fidelity-hf fidelity-builtin submit-quickstart submit-hf}
 FIDELITY_BATCH="--microbatch 4 --global-batch 32" # BENCHMARKS.md's gpt2-small row
 CHECK_FLAGS=""
 HF_CONFIG=small-sized
@@ -98,15 +106,44 @@ part() {
     echo "== $name: rc $rc in ${took} s" | tee -a "$OUT/$name.log"
 }
 
-part pytest "$LIMIT_PYTEST_S" "$CMD_PYTEST"
-part correctness "$LIMIT_CORRECTNESS_S" "$CMD_CORRECTNESS"
-part fidelity-hf "$LIMIT_FIDELITY_HF_S" "$CMD_FIDELITY_HF"
-part "fidelity-$BUILTIN_MODEL" "$LIMIT_FIDELITY_BUILTIN_S" "$CMD_FIDELITY_BUILTIN"
+wanted() { [[ " $PARTS " == *" $1 "* ]]; }
+
+# submit NAME RECIPE: a job on the local cloud, then its `started` events
+submit() {
+    local name=$1 recipe=$2
+    part "$name" "$LIMIT_SUBMIT_S" "python3 -m orchestrator submit $recipe"
+    python3 - "$recipe" <<'PY' 2>&1 | tee -a "$OUT/$1.log"
+import json, os, sys
+from pathlib import Path
+name = Path(sys.argv[1]).stem
+home = Path(os.environ.get("ORCHESTRATOR_HOME", Path.home() / ".orchestrator"))
+for line in (home / "jobs" / name / "events.jsonl").open():
+    event = json.loads(line)
+    if event["event"] in ("started", "profiled", "preemption_notice", "recovered", "finished"):
+        print(event["event"], "|", event["decision"], "|", event["reason"])
+PY
+}
+
+wanted pytest && part pytest "$LIMIT_PYTEST_S" "$CMD_PYTEST"
+wanted correctness && part correctness "$LIMIT_CORRECTNESS_S" "$CMD_CORRECTNESS"
+wanted fidelity-hf && part fidelity-hf "$LIMIT_FIDELITY_HF_S" "$CMD_FIDELITY_HF"
+wanted fidelity-builtin && part "fidelity-$BUILTIN_MODEL" "$LIMIT_FIDELITY_BUILTIN_S" "$CMD_FIDELITY_BUILTIN"
+if wanted submit-quickstart || wanted submit-hf; then
+    if ((SETUP)); then
+        (while sleep 2; do
+            nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
+        done) >"$OUT/gpu-apps.log" 2>&1 &
+        SAMPLER=$!
+    fi
+    wanted submit-quickstart && submit submit-quickstart recipes/quickstart.yaml
+    wanted submit-hf && submit submit-hf recipes/hf-gpt2-tp.yaml
+    [[ -n ${SAMPLER:-} ]] && kill "$SAMPLER"
+fi
 
 {
     echo "== summary (total $(($(date +%s) - START)) s)"
     printf '%s\n' "${SUMMARY[@]}"
     grep -h -E "max rel\. diff|FAILED|predicts|profiled on| passed| failed|skipped|^failed|Error" \
-        "$OUT"/correctness.log "$OUT"/fidelity-*.log "$OUT"/pytest.log 2>/dev/null |
+        "$OUT"/correctness.log "$OUT"/fidelity-*.log "$OUT"/pytest.log "$OUT"/submit-*.log 2>/dev/null |
         grep -v "^(pid" | tail -40
 } 2>&1 | tee -a "$OUT/env.log"

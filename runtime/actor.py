@@ -67,7 +67,11 @@ class StageWorker:
                 "but torch there sees no CUDA device: install a CUDA build of torch on the node"
             )
         else:
-            torch.cuda.set_device(0)  # Ray's CUDA_VISIBLE_DEVICES shows this worker its GPU only
+            from runtime.devices import cuda_index
+
+            torch.cuda.set_device(
+                cuda_index(ray.get_gpu_ids(), device_count=torch.cuda.device_count())
+            )
         config = self.config
         whole_model = config.grad_clip_norm is not None or config.precision == "fp16-mixed"
         comm = Comm(
@@ -114,6 +118,9 @@ class StageWorker:
             "wait_s": dict(comm.wait_s),
             "last_step_phases_s": dict(self.runner.last_phases_s),
             "peak_memory_bytes": _peak_memory_bytes(self.layout.workers[self.rank].device),
+            # what this worker computes on ("cpu", or the GPU's name) and its NCCL groups
+            "device": _device_name(comm.device),
+            "nccl_groups": comm.nccl_groups,
             # the stage's tensors at their peak (runtime/memory.py); None where not measurable
             "peak_tensor_bytes": self.runner.memory.peak_bytes,
             # the last step's summed gradient held no NaN or inf (the driver's divergence guard)
@@ -239,3 +246,11 @@ def _peak_memory_bytes(device: str) -> int:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _device_name(device) -> str:
+    if device is None:
+        return "cpu"
+    import torch
+
+    return torch.cuda.get_device_name(device)

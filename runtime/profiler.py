@@ -223,9 +223,12 @@ def _tp_member(request: str, rank: int) -> None:
 
     label, source, config, degree, port = pickle.loads(Path(request).read_bytes())
     backend = "gloo"
-    if config.device == "cuda":  # one GPU per member, NCCL between them, as a stage's workers
-        torch.cuda.set_device(rank)
-        backend = "nccl"
+    if config.device == "cuda":
+        # one GPU per member, NCCL between them, as a stage's workers; where there are fewer
+        # GPUs than members they share them over gloo, as workers sharing a GPU do (comm.py)
+        count = torch.cuda.device_count()
+        torch.cuda.set_device(rank % count)
+        backend = "nccl" if degree <= count else "gloo"
     dist.init_process_group(
         backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=degree
     )

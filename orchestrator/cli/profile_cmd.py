@@ -213,7 +213,7 @@ def _target_gpu(name: str | None, recipe: Recipe, catalog: Catalog) -> str:
         return spec.name
     if len(recipe.constraints.gpu_types) == 1:
         return recipe.constraints.gpu_types[0]
-    market = catalog.market(recipe.provider, Path(recipe.market) if recipe.market else None)
+    market = catalog.market(recipe.provider, recipe.market_file())
     offered = sorted({offer.gpu for offer in market.query(gpus=recipe.constraints.gpu_types)})
     if len(offered) == 1:
         return offered[0]

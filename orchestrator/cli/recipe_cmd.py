@@ -30,7 +30,7 @@ def add_validate(commands: argparse._SubParsersAction, formatter: type) -> None:
 
 def run_validate(args: argparse.Namespace, catalog: Catalog) -> int:
     recipe = load_recipe(args.recipe, catalog=catalog)
-    offers = catalog.market(recipe.provider, Path(recipe.market) if recipe.market else None).query(
+    offers = catalog.market(recipe.provider, recipe.market_file()).query(
         gpus=recipe.constraints.gpu_types,
         within=[catalog.location(t) for t in recipe.constraints.locations],
         exclude=[catalog.location(t) for t in recipe.constraints.exclude_locations],

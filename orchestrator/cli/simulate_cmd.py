@@ -58,7 +58,7 @@ def estimate_plan(
             field="global_batch_size",
             fix="use the recipe's global batch size in the plan",
         )
-    market = catalog.market(recipe.provider, Path(recipe.market) if recipe.market else None)
+    market = catalog.market(recipe.provider, recipe.market_file())
     network, prices, settings = views_for(catalog, market)
     gpus = {r.gpu for stage in plan.stages for r in stage.replicas}
     tps = {r.tp for stage in plan.stages for r in stage.replicas}

@@ -146,6 +146,9 @@ class Trainer(Protocol):
     def workers_name(self) -> str | None:
         """The running workers' name, by which a restarted driver finds them (None: none)."""
 
+    def devices(self) -> str:
+        """What the running workers compute on, one line ("" when not known)."""
+
     def attach(self, plan: Plan, *, workers: str) -> bool:
         """Take over the running workers ``workers`` of ``plan`` (a restarted driver); False, and
         what is left of them freed, when they are not all alive."""

@@ -180,12 +180,15 @@ def prepare(
     """Ready the job's folder for a driver (with the job's lock held): its profile, its signing
     key, its state (new, resumed, or planned again after a stop); the recipe as the driver
     reads it and the driver's spec."""
-    from orchestrator.driver.local import measured_here
+    from orchestrator.driver.local import host_gpus, measured_here
 
     if recipe.provider == "local" or options.emulate:
-        # a worker there is a CPU slot standing in for a GPU: this machine's times are its own;
-        # a real cloud's GPUs are not this CPU (the recipe's profile mode holds there)
-        recipe = measured_here(recipe, folder, recipe_path.parent)
+        # a worker there is a CPU slot standing in for a GPU, or this machine's GPU: this
+        # machine's times are its own; a real cloud's GPUs are not this machine's (the recipe's
+        # profile mode holds there)
+        local_gpu = recipe.provider == "local" and host_gpus(recipe.local_cloud.devices) > 0
+        device = "cuda" if local_gpu else "cpu"
+        recipe = measured_here(recipe, folder, recipe_path.parent, device=device)
     recipe = absolute_paths(recipe)
     (folder / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier run
     signing_key(folder)  # made now, in the submitting user's folder, with its owner's rights

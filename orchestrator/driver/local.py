@@ -41,6 +41,7 @@ def run_on_local_cloud(
         recipe_path=recipe_path,
         wanted=vms or local.vms,
         grace_s=recipe.recovery.controller_grace_s,
+        host_gpus=host_gpus(local.devices),
     )
     provisioner = LocalProvisioner(
         seed=recipe.training.seed,
@@ -75,9 +76,11 @@ def local_vms(
     recipe_path: Path,
     wanted: str,
     grace_s: float,
+    host_gpus: int = 0,
 ):
     """The local cloud's VMs: network namespaces booted by the node bootstrap where this machine
-    allows them (``auto``, ``namespaces``), else Ray nodes on this machine's network; says which."""
+    allows them (``auto``, ``namespaces``), else Ray nodes on this machine's network; says which.
+    ``host_gpus``: this machine's CUDA GPUs, which the VMs' GPUs then are."""
     from provisioners.local.cluster import LocalCluster
 
     if wanted != "processes":
@@ -92,7 +95,9 @@ def local_vms(
                 "the node bootstrap and joined over WireGuard",
                 file=sys.stderr,
             )
-            return vms.NamespaceCluster(job=job, folder=folder / "vms", grace_s=grace_s)
+            return vms.NamespaceCluster(
+                job=job, folder=folder / "vms", grace_s=grace_s, host_gpus=host_gpus
+            )
         if wanted == "namespaces":
             raise UserError(
                 f"namespace VMs cannot run here: {reason}",
@@ -103,7 +108,17 @@ def local_vms(
         print(f"local cloud: each VM is a process on this machine ({reason})", file=sys.stderr)
     else:
         print("local cloud: each VM is a process on this machine (vms: processes)", file=sys.stderr)
-    return LocalCluster()
+    return LocalCluster(host_gpus=host_gpus)
+
+
+def host_gpus(devices: str) -> int:
+    """This machine's CUDA GPUs the local cloud's nodes train on (``local_cloud.devices``):
+    all of them under ``auto``, none under ``cpu`` or where torch sees none."""
+    if devices == "cpu":
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 
 def serve_and_follow(
@@ -178,12 +193,14 @@ def _local_tp_degrees(recipe: Recipe, spec, folder: Path) -> tuple[int, ...]:
     )
 
 
-def measured_here(recipe: Recipe, folder: Path, recipe_folder: Path | None = None) -> Recipe:
-    """On the local cloud a worker is a CPU slot standing in for a T4: with ``profile: auto``,
-    time the model on this machine once (runtime/profiler.py; kept in the job's folder) so the
-    plan's predictions are about this machine rather than a real T4; split too, at the
-    tensor-parallel degrees the local nodes could run (``recipe_folder``: where the recipe's
-    relative paths start)."""
+def measured_here(
+    recipe: Recipe, folder: Path, recipe_folder: Path | None = None, *, device: str = "cpu"
+) -> Recipe:
+    """On the local cloud a worker is a CPU slot standing in for a T4, or this machine's GPU
+    (``device``: "cuda"): with ``profile: auto``, time the model on this machine once
+    (runtime/profiler.py; kept in the job's folder) so the plan's predictions are about this
+    machine rather than a real T4; split too, at the tensor-parallel degrees the local nodes
+    could run (``recipe_folder``: where the recipe's relative paths start)."""
     from orchestrator.recipe.models import model_label, spec_of
 
     spec = spec_of(recipe.model)
@@ -197,8 +214,9 @@ def measured_here(recipe: Recipe, folder: Path, recipe_folder: Path | None = Non
 
         # the very modules the workers train (a Hugging Face model's own, not a look-alike)
         tp_degrees = _local_tp_degrees(recipe, spec, recipe_folder or folder)
-        measured = profile_here(recipe, spec, tp_degrees=tp_degrees)
+        measured = profile_here(recipe, spec, tp_degrees=tp_degrees, device=device)
         folder.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(profile_to_json(measured, "T4"), indent=1))
-        print(f"profiled {spec.name} on this machine: {path}", file=sys.stderr)
+        where = "this machine's GPU" if device == "cuda" else "this machine"
+        print(f"profiled {spec.name} on {where}: {path}", file=sys.stderr)
     return dataclasses.replace(recipe, model=dataclasses.replace(recipe.model, profile=str(path)))

@@ -310,10 +310,13 @@ class Driver(Guards, Moves, Profiling):
             gain = self.config.straggler_min_gain
             self.session.stragglers = StragglerWatch(window=window, min_gain=gain)
         self._save(workers=self.trainer.workers_name())
+        devices = self.trainer.devices()
         self._log(
             "started",
             "train",
-            f"from step {resumed}" + (f" (checkpoint of step {resumed})" if resumed else ""),
+            f"from step {resumed}"
+            + (f" (checkpoint of step {resumed})" if resumed else "")
+            + (f"; {devices}" if devices else ""),
         )
         return Phase.TRAIN
 

@@ -350,6 +350,23 @@ class RuntimeTrainer:
     def workers_name(self) -> str | None:
         return None if self.group is None else self.group.name
 
+    def devices(self) -> str:
+        """E.g. "4 workers on NVIDIA H200 (2 NCCL groups)" or "4 workers on cpu"."""
+        import ray
+
+        if self.group is None:
+            return ""
+        try:
+            counters = self.group.counters()
+        except ray.exceptions.RayError:  # a worker died meanwhile: the next step will say
+            return ""
+        kinds = sorted({c["device"] for c in counters})
+        nccl = max((c["nccl_groups"] for c in counters), default=0)
+        line = f"{len(counters)} workers on {', '.join(kinds)}"
+        if any(kind != "cpu" for kind in kinds):
+            line += f" ({nccl} NCCL groups)" if nccl else " (no NCCL group: gloo)"
+        return line
+
     def attach(self, plan: Plan, *, workers: str) -> bool:
         from runtime.group import WorkerGroup, WorkerPlacementError
 

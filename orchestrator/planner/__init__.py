@@ -10,7 +10,6 @@ and the heuristics).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from orchestrator.catalog import Catalog, OfferTable
 from orchestrator.planner.candidates import Evaluated, Evaluator
@@ -49,7 +48,7 @@ def prepare(
     """The search space and evaluator for ``recipe`` over ``market`` (default: the recipe's);
     ``measured``: figures measured on the job's own nodes, laid over the recipe's profile."""
     if market is None:
-        market = catalog.market(recipe.provider, Path(recipe.market) if recipe.market else None)
+        market = catalog.market(recipe.provider, recipe.market_file())
     space = build_space(recipe, market, catalog)
     profile = profile_for_recipe(
         recipe,

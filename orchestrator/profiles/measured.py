@@ -81,18 +81,26 @@ def _origin(measurement: ModelMeasurement, gpu: str) -> str:
 
 
 def profile_here(
-    recipe, spec: ModelSpec, *, gpu: str = "T4", tp_degrees: Sequence[int] = ()
+    recipe,
+    spec: ModelSpec,
+    *,
+    gpu: str = "T4",
+    tp_degrees: Sequence[int] = (),
+    device: str = "cpu",
 ) -> ModelProfile:
     """The recipe's model timed layer by layer on this machine (one CPU thread standing in for
-    ``gpu``, as a local worker does): what the local cloud plans with under ``profile: auto``;
-    ``tp_degrees``: also split that many ways over as many processes, as a tensor-parallel
-    group of local workers trains it. Imports torch and the model's code."""
+    ``gpu``, as a local worker does, or this machine's GPU with ``device="cuda"``): what the
+    local cloud plans with under ``profile: auto``; ``tp_degrees``: also split that many ways
+    over as many processes, as a tensor-parallel group of local workers trains it. Imports
+    torch and the model's code."""
     from runtime.profiler import ProfilerConfig
 
     config = ProfilerConfig(
         microbatch_sizes=recipe.training.microbatch_sizes,
         optimizer=recipe.training.optimizer.name,
         seed=recipe.training.seed,
+        device=device,
+        threads=1 if device == "cpu" else None,
     )
     return measure_here(recipe, spec, config, gpu=gpu, tp_degrees=tp_degrees)[0]
 

@@ -84,6 +84,9 @@ def check_recipe(recipe: Recipe, doc: YamlDoc, catalog: Catalog, folder: Path) -
         recipe,
         name=recipe.name or default_job_name(doc.file),
         market=_resolve(folder, recipe.market),
+        local_cloud=dataclasses.replace(
+            recipe.local_cloud, offers=_resolve(folder, recipe.local_cloud.offers)
+        ),
         data=dataclasses.replace(
             recipe.data,
             path=recipe.data.path
@@ -310,15 +313,21 @@ def _check_precision_support(c: Checker, gpu_types: list[str]) -> None:
 
 
 def _market(c: Checker) -> OfferTable | None:
-    if c.recipe.market is None:
-        return c.catalog.market(c.recipe.provider)
-    path = c.folder / c.recipe.market
+    """The offers the recipe plans against: ``market``, the local cloud's ``offers``, or the
+    provider's own."""
+    recipe = c.recipe
+    field: tuple[str, ...] = ("market",)
+    if recipe.market is None and recipe.provider == "local" and recipe.local_cloud.offers:
+        field = ("local_cloud", "offers")
+    elif recipe.market is None:
+        return c.catalog.market(recipe.provider)
+    path = c.folder / (recipe.market or recipe.local_cloud.offers)
     problem = file_problem(path)
     if problem is not None:
         c.error(
-            ("market",),
-            f"market file '{path}': {'does not exist' if 'not found' in problem else problem}",
-            "give the path of an offers CSV (relative to the recipe's folder), or remove market",
+            field,
+            f"offers file '{path}': {'does not exist' if 'not found' in problem else problem}",
+            f"give the path of an offers CSV (relative to the recipe's folder), or remove {field[-1]}",
         )
         return None
     return c.catalog.load_market(path)

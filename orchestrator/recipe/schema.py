@@ -9,6 +9,7 @@ errors. docs/recipe.md documents the format.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 from orchestrator.recipe import limits as L
@@ -289,6 +290,12 @@ class LocalCloudConfig:
     slowdown: float = _help(
         "how much slower a slow node computes (> 1)", default=2.0, most=L.MAX_SLOWDOWN
     )
+    devices: Literal["auto", "cpu"] = _help(
+        "what a simulated node's GPUs are: auto (this machine's CUDA GPUs where it has some, "
+        "shared in turn when the market's nodes hold more; else CPU slots) or cpu (one CPU "
+        "slot per GPU, a thread each)",
+        default="auto",
+    )
     vms: Literal["auto", "namespaces", "processes"] = _help(
         "what a simulated VM is: namespaces (a network namespace booted by the node bootstrap, "
         "joined over WireGuard; needs root, iproute2, nftables, wireguard-go, wireguard-tools), "
@@ -341,3 +348,12 @@ class Recipe:
     local_cloud: LocalCloudConfig = _help(
         "preempt_at_steps, notice_s (provider: local only)", default_factory=LocalCloudConfig
     )
+
+    def market_file(self) -> Path | None:
+        """The offers the recipe plans against when not the provider's own: ``market``, or the
+        local cloud's ``local_cloud.offers`` (its simulated market sells exactly those)."""
+        if self.market is not None:
+            return Path(self.market)
+        if self.provider == "local" and self.local_cloud.offers is not None:
+            return Path(self.local_cloud.offers)
+        return None

@@ -37,6 +37,10 @@ HEALTH_CHECK = {
     "health_check_failure_threshold": 3,
 }
 OBJECT_STORE_BYTES = 80 * 1024 * 1024  # per node: the smallest Ray accepts comfortably
+# On a machine with CUDA GPUs a simulated node's GPUs are this machine's, in turn: Ray is told
+# not to set CUDA_VISIBLE_DEVICES (it would show every node "its" GPU 0) and the node's workers
+# read which of this machine's GPUs their GPU 0 is (runtime/devices.py reads the same name)
+CUDA_FIRST_ENV = "GEO_LOCAL_CUDA_FIRST"
 
 
 @dataclass(frozen=True)
@@ -102,16 +106,35 @@ class ClusterNodes:
     def owns(self, node_id: str) -> bool:
         return node_id in self._nodes
 
+    host_gpus = 0  # this machine's CUDA GPUs the simulated nodes' GPUs map onto (0: CPU slots)
+    _gpus_given = 0
+
+    def _gpu_settings(self, spec: NodeSpec) -> tuple[int, dict[str, str]]:
+        """The Ray GPUs of ``spec``'s node and the environment that maps them onto this
+        machine's GPUs, round robin over nodes (several nodes share a GPU where there are
+        fewer GPUs than the market's nodes hold): none on a machine without GPUs."""
+        if not self.host_gpus or spec.role == "controller" or spec.gpus < 1:
+            return 0, {}
+        first = self._gpus_given % self.host_gpus
+        self._gpus_given += spec.gpus
+        return spec.gpus, {
+            "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES": "1",
+            CUDA_FIRST_ENV: str(first),
+        }
+
 
 class LocalCluster(ClusterNodes):
     """Starts the head on first use; adds, drains and kills worker nodes."""
 
     mode = "processes"  # what a VM is (vms.py: "namespaces")
 
-    def __init__(self, *, head_cpus: int = 1, dies_with_owner: bool = True) -> None:
+    def __init__(
+        self, *, head_cpus: int = 1, dies_with_owner: bool = True, host_gpus: int = 0
+    ) -> None:
         """``dies_with_owner=False`` starts no reaper: the nodes then outlive a crash of this
-        process (the way to a detached job, which would also skip the exit hook below)."""
-        self._head_cpus = head_cpus
+        process (the way to a detached job, which would also skip the exit hook below);
+        ``host_gpus``: this machine's CUDA GPUs, which the nodes' GPUs then are."""
+        self._head_cpus, self.host_gpus = head_cpus, host_gpus
         self._dies_with_owner = dies_with_owner
         self._cluster = None
         self._reaper: reaper.Reaper | None = None
@@ -144,10 +167,12 @@ class LocalCluster(ClusterNodes):
     def add(self, spec: NodeSpec, *, timeout_s: float) -> str:
         """Start a Ray node for ``spec`` and wait until it registers; return its node id."""
         cluster = self._started()
+        gpus, env = self._gpu_settings(spec)
         node = cluster.add_node(
             wait=False,
             num_cpus=max(1, int(spec.vcpus)),
-            num_gpus=0,
+            num_gpus=gpus,
+            env_vars=env or None,
             resources=spec.resources(),
             labels=spec.labels(),
             object_store_memory=OBJECT_STORE_BYTES,

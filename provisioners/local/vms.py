@@ -172,11 +172,14 @@ class NamespaceCluster(ClusterNodes):
         grace_s: float,
         head_cpus: int = 1,
         install: Install | None = None,
+        host_gpus: int = 0,
     ) -> None:
         """``folder``: where the VMs' folders (scripts, logs, venvs, keys) go, owner-only;
         ``grace_s``: each node's dead-man switch; ``install``: what nodes install (default: the
-        wheel of this checkout, built at start, and this interpreter's versions)."""
+        wheel of this checkout, built at start, and this interpreter's versions);
+        ``host_gpus``: this machine's CUDA GPUs, which the VMs' GPUs then are."""
         self.job, self.folder, self.grace_s = job, Path(folder), grace_s
+        self.host_gpus = host_gpus
         self.install = install
         self._head_cpus = head_cpus
         self._internet: netns.Internet | None = None
@@ -285,6 +288,7 @@ class NamespaceCluster(ClusterNodes):
         return node_id
 
     def _boot(self, spec: NodeSpec, name: str, vm: netns.Vm, token: str, address: str) -> NodeBoot:
+        gpus, env = self._gpu_settings(spec)
         halt = f"{shlex.quote(sys.executable)} -m provisioners.local.netns halt {vm.netns}"
         return NodeBoot(
             job=self.job,
@@ -296,12 +300,12 @@ class NamespaceCluster(ClusterNodes):
             labels={**spec.labels(), NODE_LABEL: name},
             resources=spec.resources(),
             num_cpus=max(1, int(spec.vcpus)),
-            num_gpus=0,
+            num_gpus=gpus,
             object_store_bytes=OBJECT_STORE_BYTES,
             grace_s=self.grace_s,
             shutdown_command=f"PYTHONPATH={shlex.quote(str(package_root()))} {halt}",
             log_file=str(self.folder / name / "bootstrap.log"),
-            ray_env=RAY_ENV,
+            ray_env={**RAY_ENV, **env},
         )
 
     def _wait_joined(

@@ -38,6 +38,11 @@ def hf_config(family: str, config: Mapping):
 def hf_spec(family: str, config: Mapping, *, label: str) -> GptSpec:
     """The shape of the Hugging Face model ``family`` built from ``config``."""
     c = hf_config(family, config)
+    sizes = ("n_layer", "n_embd", "n_head", "n_positions", "vocab_size")
+    for name in sizes + (("n_inner",) if c.n_inner is not None else ()):
+        value = getattr(c, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ShapeError(f"{name} must be a whole number >= 1, got {value!r}")
     if c.n_embd % c.n_head:
         raise ShapeError(f"n_embd {c.n_embd} is not a multiple of n_head {c.n_head}")
     return GptSpec(

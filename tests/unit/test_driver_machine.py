@@ -199,6 +199,9 @@ class FakeTrainer:
     def workers_name(self) -> str | None:
         return self.name
 
+    def devices(self) -> str:
+        return "4 workers on cpu" if self.name else ""
+
     def attach(self, plan: Plan, *, workers: str) -> bool:
         nodes = self.cloud.workers.get(workers)
         if not nodes or any(n not in self.cloud.alive_nodes for n in nodes):
