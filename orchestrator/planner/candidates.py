@@ -63,6 +63,7 @@ class LinkBounds:
     across_regions: tuple[float, float]  # two different regions
     regions: int
     most_in_one_place: dict[str, int]  # GPU type -> the most GPUs one place can give
+    most_in_one_region: dict[str, int]  # GPU type -> the most GPUs one region's places can give
 
     @classmethod
     def of(cls, space: SearchSpace, network: NetworkView) -> LinkBounds:
@@ -77,8 +78,14 @@ class LinkBounds:
                 if network.region_of(a) != network.region_of(b):
                     regions_.append(link)
         most: dict[str, int] = {}
+        by_region: dict[tuple[str, str], int] = {}
         for r in space.resources:
             most[r.gpu] = max(most.get(r.gpu, 0), r.capacity)
+            key = (r.gpu, network.region_of(r.infra))
+            by_region[key] = by_region.get(key, 0) + r.capacity
+        most_region: dict[str, int] = {}
+        for (gpu, _), count in by_region.items():
+            most_region[gpu] = max(most_region.get(gpu, 0), count)
 
         def top(links: list) -> tuple[float, float]:
             if not links:
@@ -91,6 +98,7 @@ class LinkBounds:
             across_regions=top(regions_),
             regions=len({network.region_of(p) for p in places}),
             most_in_one_place=most,
+            most_in_one_region=most_region,
         )
 
 
@@ -135,10 +143,10 @@ class Evaluator:
         self._syncs: dict[tuple, float] = {}  # (message, dp, gpu, tp) -> least all-reduce seconds
         self._links: LinkBounds | None = None
 
-    def microbatches(self, shape: Shape, dp: int) -> int | None:
-        gb = self.space.global_batch_size
-        per = shape.mbs * dp
-        return gb // per if gb % per == 0 else None
+    def microbatches(self, shape: Shape, dp: int) -> int:
+        """The most microbatches one of ``dp`` pipelines runs: the batch's microbatches shared
+        out as evenly as they go (``shares``), so the slowest pipeline's count."""
+        return -(-(self.space.global_batch_size // shape.mbs) // dp)
 
     def stage_times(self, shape: Shape) -> list[tuple[float, float, float]] | None:
         try:
@@ -179,10 +187,31 @@ class Evaluator:
             * profile.element_bytes
             for s in range(stages)
         ]
+        # When the D pipelines cannot all fit in one place (one region), some pipeline crosses
+        # places (regions) or some stage's replicas do: were every pipeline and every stage's
+        # replicas in one place, all would be in the same place. The least a crossing hop adds to
+        # the first stage's round trip, and each stage's all-reduce over a link between places
+        # (regions), bound those two cases; the tighter of the two levels holds.
+        need = shape.gpus_per_pipeline()
+        links = self.links()
+        levels = [
+            (most, link, self._across_comm(shape, comm, link))
+            for most, link in (
+                (links.most_in_one_place, links.across_places),
+                (links.most_in_one_region, links.across_regions),
+            )
+        ]
+        tied = self._tied_bound(shape, times, latency, bandwidth)
         out = []
         for dp in degrees:
             m = self.microbatches(shape, dp)
+            crossing = [
+                (link, extra)
+                for most, link, extra in levels
+                if extra is not None and any(dp * n > most.get(g, 0) for g, n in need.items())
+            ]
             worst = previous = 0.0
+            crossing_sync = [float("inf")] * len(crossing)  # case (b): the least over stages
             for s in range(stages - 1, -1, -1):
                 f, b, update = times[s]
                 end = max(start[s] + m * (f + b), start[s] + m * f + downstream[s] + b)
@@ -190,9 +219,74 @@ class Evaluator:
                     end = max(end, previous + comm[s] + b)
                 exposed = self.exposed_sync(messages[s], dp, shape.gpus[s], shape.tps[s], b)
                 worst = max(worst, end + exposed + update)
+                if tied is not None and s == stages - 1:
+                    # the first stage's step waits for the last stage's share of the tied gradient
+                    worst = max(worst, end + exposed + tied)
+                if dp > 1:  # one pipeline has no all-reduce to cross with
+                    for k, (link, _) in enumerate(crossing):
+                        cross = self._exposed_across(messages[s], dp, b, link)
+                        crossing_sync[k] = min(crossing_sync[k], end + max(exposed, cross) + update)
                 previous = end
+            f, b, update = times[0]
+            exposed = self.exposed_sync(messages[0], dp, shape.gpus[0], shape.tps[0], b)
+            for k, (_, extra) in enumerate(crossing):
+                round_trip = m * f + downstream[0] + 2 * extra + b + exposed + update
+                worst = max(worst, min(round_trip, crossing_sync[k]))
             out.append(worst)
         return out
+
+    def _tied_bound(self, shape: Shape, times, latency: float, bandwidth: float):
+        """For a tied weight split over the first and last stages (simulator's
+        ``_tied_exchange``): from the last stage's synchronized gradients, the least until the
+        first stage's step ends (its share over the best link, then the first stage's step);
+        None without a tied weight between two stages. (The sum's return trip is not bounded:
+        it overlaps the next fill, which slower links lengthen too.)"""
+        profile = self.profile
+        if not profile.tied_elements or shape.stages < 2:
+            return None
+        return latency + profile.tied_elements * profile.element_bytes / bandwidth + times[0][2]
+
+    def _across_comm(self, shape: Shape, comm: list[float], link: tuple[float, float]):
+        """The least one hop of the pipeline adds when it goes over ``link`` (the best between
+        two places, or two regions) rather than the market's best (None: no such link)."""
+        latency, bandwidth = link
+        if bandwidth <= 1e-9:
+            return None
+        profile, scale = self.profile, shape.mbs * self.profile.element_bytes
+        extra = [
+            latency
+            + profile.stage_facts(shape.tps[s], shape.split[s], shape.split[s + 1])[3]
+            * scale
+            / bandwidth
+            - comm[s]
+            for s in range(shape.stages - 1)
+        ]
+        return max(0.0, min(extra)) if extra else float("inf")
+
+    def _exposed_across(
+        self, message: float, dp: int, backward_s: float, link: tuple[float, float]
+    ) -> float:
+        """The least all-reduce time left after a stage's last backward when its ``dp`` replicas
+        span places (regions), ``link`` the best between two: a flat ring has such a link among
+        its links; a hierarchical one's leaders cross at least once with the smallest compressed
+        message (both at least 2 latencies and the message once over the link)."""
+        key = ("across", message, dp, link)
+        sync = self._syncs.get(key)
+        if sync is None:
+            latency, bandwidth = link
+            options = []
+            if "flat" in self.space.allreduce:
+                options.append(2 * (dp - 1) * (latency + message / dp / bandwidth))
+            if "hierarchical" in self.space.allreduce:
+                element = self.profile.element_bytes
+                least = min(compressed_bytes(message, element, c) for c in self.space.compression)
+                options.append(2 * latency + least / bandwidth)
+            sync = self._syncs[key] = min(options) if options else 0.0
+        if not self.settings.overlap_grad_sync:
+            return sync
+        bucket = self.settings.bucket_bytes
+        last_bucket = sync * bucket / message if message > bucket else sync
+        return max(last_bucket, sync - backward_s)
 
     def exposed_sync(self, message: float, dp: int, gpu: str, tp: int, backward_s: float) -> float:
         """The least all-reduce time left after the stage's last backward."""
@@ -256,6 +350,7 @@ class Evaluator:
             (count, [self.replica(shape.gpus[s], shape.tps[s], row[s], spot) for s in stages])
             for row, count in rows.items()
         ]
+        dp = sum(count for count, _ in pipelines)
         return Plan.from_pipelines(
             global_batch_size=self.space.global_batch_size,
             microbatch_size=shape.mbs,
@@ -264,6 +359,7 @@ class Evaluator:
             allreduce=allreduce,
             compression=compression,
             streams=self.space.streams,
+            pipeline_microbatches=shares(self.space.global_batch_size // shape.mbs, dp),
         )
 
     def evaluate(self, plan: Plan) -> Evaluated:
@@ -332,18 +428,52 @@ def expand_blocks(
     return gpus, tps
 
 
-def dp_degrees(space: SearchSpace, mbs: int, need: Mapping[str, int]) -> list[int]:
-    """Data-parallel degrees that split the batch evenly and fit the GPUs there are, for pipelines
-    that each need ``need[gpu]`` GPUs of each type."""
-    most = min(space.capacity(g) // n for g, n in need.items())
-    if space.max_gpus:
-        most = min(most, space.max_gpus // sum(need.values()))
+def dp_degrees(space: SearchSpace, mbs: int, need: Mapping[str, int] | None = None) -> list[int]:
+    """Data-parallel degrees that fit the GPUs there are, for pipelines that each need
+    ``need[gpu]`` GPUs of each type (None: one GPU of any type).
+
+    Every divisor of the batch's M microbatches, and above the largest divisor that fits, the
+    degrees that do not divide M up to the most that fit: their pipelines run unequal shares
+    (``shares``), as SAILOR's plans do where the GPUs are not a divisor's worth (20 pipelines for
+    256 microbatches where 32 do not fit). Of those only the least degree for each fullest share
+    is kept, ``ceil(M / m)`` pipelines for m microbatches at most: a degree that adds pipelines
+    without lowering the fullest one's count is no faster (the iteration waits for that pipeline,
+    and any placement of its pipelines holds the fewer ones), syncs over more replicas and costs
+    more. Left out: degrees between two divisors that both fit (docs/planner.md)."""
+    per = space.global_batch_size // mbs
+    if need:
+        most = min(space.capacity(g) // n for g, n in need.items())
+        if space.max_gpus:
+            most = min(most, space.max_gpus // sum(need.values()))
+    else:
+        most = sum(space.capacity(g) for g in space.gpu_types)
+        if space.max_gpus:
+            most = min(most, space.max_gpus)
+    fitting = [d for d in divisors(per) if d <= most]
+    above = fitting[-1] if fitting else 0
+    fitting += [d for d in least_degrees(per) if above < d <= most][-1:]
     allowed = set(space.data_parallel) if space.data_parallel else None
-    return [
-        d
-        for d in divisors(space.global_batch_size // mbs)
-        if d <= most and (allowed is None or d in allowed)
-    ]
+    return [d for d in fitting if allowed is None or d in allowed]
+
+
+@functools.lru_cache(maxsize=256)
+def least_degrees(microbatches: int) -> tuple[int, ...]:
+    """``ceil(M / m)`` for every m from 1 to M, in order: the least pipelines that run M
+    microbatches with at most m each (O(sqrt M) distinct values, found in O(sqrt M) steps)."""
+    n, root = microbatches, math.isqrt(microbatches) + 1
+    large = {-(-n // m) for m in range(1, root + 1)}  # from few microbatches each
+    # a small degree d is one of them when the fullest share at d needs all d pipelines
+    small = {d for d in range(1, min(root, n) + 1) if -(-n // -(-n // d)) == d}
+    return tuple(sorted(large | small))
+
+
+def shares(microbatches: int, dp: int) -> tuple[int, ...] | None:
+    """Microbatches per pipeline when ``dp`` does not divide ``microbatches``: as even as they
+    go, the first pipelines one more (None when it divides: equal shares)."""
+    if microbatches % dp == 0:
+        return None
+    low, extra = divmod(microbatches, dp)
+    return (low + 1,) * extra + (low,) * (dp - extra)
 
 
 @functools.lru_cache(maxsize=256)

@@ -40,7 +40,6 @@ from orchestrator.planner.candidates import (
     Evaluator,
     Shape,
     block_sizes,
-    divisors,
     dp_degrees,
     expand_blocks,
     type_assignments,
@@ -260,7 +259,7 @@ class _Search:
             # All GPUs there are together can do no more than their speeds allow.
             # All of that ends with the first stage's last backward (every other stage's last
             # backward comes before it); the first stage's all-reduce and step come after.
-            m = batch // (mbs * dp)
+            m = -(-batch // (mbs * dp))  # the fullest pipeline's microbatches
             pipeline = max(
                 total / _held_share(m, stages),
                 m * slowest,
@@ -358,11 +357,7 @@ class _Search:
         """Data-parallel degrees for pipelines needing ``need`` GPUs per type (none: any count)."""
         key = (mbs, need)
         if key not in self._dp:
-            if need:
-                self._dp[key] = dp_degrees(self.space, mbs, dict(need))
-            else:
-                per, allowed = self.space.global_batch_size // mbs, self.space.data_parallel
-                self._dp[key] = [d for d in divisors(per) if not allowed or d in allowed]
+            self._dp[key] = dp_degrees(self.space, mbs, dict(need))
         return self._dp[key]
 
     # ---- level 2: shapes (a config with a layer split) ----------------------------------
