@@ -30,19 +30,22 @@ def model_label(model: ModelConfig) -> str:
 def spec_of(model: ModelConfig) -> ModelSpec:
     """The model's shape (layers, parameters, sequence length); UserError naming the field."""
     if model.hf:
+        import importlib.util
+
         from runtime.models.shapes import ShapeError, hf_spec
 
+        # looked up, not imported: importing transformers loads torch (shapes.py)
+        if importlib.util.find_spec("transformers") is None:
+            raise UserError(
+                "model.hf needs transformers, which is not installed",
+                field="model.hf",
+                fix="pip install 'geo-orchestrator[hf]'",
+            )
         try:
             return hf_spec(model.hf, model.config.to_dict(), label=model_label(model))
         except ShapeError as error:
             raise UserError(
                 str(error), field="model.config", fix="write fields of the family's config class"
-            ) from None
-        except ImportError:
-            raise UserError(
-                "model.hf needs transformers, which is not installed",
-                field="model.hf",
-                fix="pip install 'geo-orchestrator[hf]'",
             ) from None
     if model.module:
         assert model.code is not None, "checks.py makes the code's folder absolute"

@@ -3,13 +3,14 @@
 The planner, the simulator and the analytic profiles read a model's shape: layer count,
 parameters per layer, sequence length, the tied weight. A Hugging Face GPT-2 has exactly the
 shape of our GPT decoder (learned positions, biases, a tied head, GELU MLP), so its shape comes
-from its config class (transformers' ``GPT2Config``, which fills the defaults the recipe leaves
-out); ``hf_spec`` is what every part of the orchestrator sees for it.
+from its config's fields, over ``GPT2Config``'s defaults (kept here: importing transformers loads
+torch); ``hf_spec`` is what every part of the orchestrator sees for it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from runtime.models.specs import GptSpec
 
@@ -18,21 +19,53 @@ class ShapeError(ValueError):
     """A model config that does not describe a model: names the field and what to write."""
 
 
-def hf_config(family: str, config: Mapping):
-    """transformers' config object of ``family`` with ``config``'s fields (ShapeError if a field
-    is unknown or a value wrong; ImportError without transformers)."""
+# GPT2Config's own fields (its __init__'s) and tie_word_embeddings, with the defaults of those
+# that set the shape: read here without transformers, whose import loads torch (validate and plan
+# stay torch-free); tests/unit/test_model_shapes.py checks both against the installed class. The
+# workers build the model from transformers' own class, which checks every value.
+GPT2_FIELDS = frozenset(
+    {
+        "vocab_size", "n_positions", "n_embd", "n_layer", "n_head", "n_inner",
+        "activation_function", "resid_pdrop", "embd_pdrop", "attn_pdrop", "layer_norm_epsilon",
+        "initializer_range", "summary_type", "summary_use_proj", "summary_activation",
+        "summary_proj_to_labels", "summary_first_dropout", "scale_attn_weights", "use_cache",
+        "bos_token_id", "eos_token_id", "scale_attn_by_inverse_layer_idx",
+        "reorder_and_upcast_attn", "tie_word_embeddings",
+    }
+)  # fmt: skip
+GPT2_SHAPE_DEFAULTS = {
+    "vocab_size": 50257,
+    "n_positions": 1024,
+    "n_embd": 768,
+    "n_layer": 12,
+    "n_head": 12,
+    "n_inner": None,
+    "tie_word_embeddings": True,
+}
+
+
+@dataclass(frozen=True)
+class Gpt2Shape:
+    """The fields of a GPT-2 config that set its shape."""
+
+    vocab_size: int
+    n_positions: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_inner: int | None
+    tie_word_embeddings: bool
+
+
+def hf_config(family: str, config: Mapping) -> Gpt2Shape:
+    """The shape fields of ``family``'s config with ``config``'s values over its defaults
+    (ShapeError if a field is unknown or a size wrong)."""
     if family != "gpt2":
         raise ShapeError(f"Hugging Face family {family!r} is not supported; supported: gpt2")
-    from transformers import GPT2Config
-
-    known = set(GPT2Config().to_dict())
-    unknown = sorted(set(config) - known - {"n_inner"})
+    unknown = sorted(set(config) - GPT2_FIELDS)
     if unknown:
         raise ShapeError(f"GPT2Config has no field {', '.join(unknown)}")
-    try:
-        return GPT2Config(**dict(config))
-    except (TypeError, ValueError) as error:
-        raise ShapeError(f"GPT2Config: {error}") from None
+    return Gpt2Shape(**{k: config.get(k, v) for k, v in GPT2_SHAPE_DEFAULTS.items()})
 
 
 def hf_spec(family: str, config: Mapping, *, label: str) -> GptSpec:
