@@ -127,6 +127,16 @@ class ConfigBounds:
         usable = self.settings.capacity_bytes(gpu) - self.settings.overhead_bytes(gpu, tp)
         return usable / (1 + self.settings.fragmentation_fraction)
 
+    def most_in_flight(self, mbs: int, gpu: str, tp: int, first: int, end: int) -> float:
+        """The most microbatches whose kept activations layers ``[first, end)`` on (gpu, tp) can
+        hold beside their weights and state: what any warm-up may keep in flight there (inf when
+        the layers keep no activations)."""
+        held = self._held(mbs, tp, 1)
+        static = self._held(mbs, tp, 0)
+        per = sum(held[first:end]) - sum(static[first:end])
+        room = self.room_bytes(gpu, tp) - sum(static[first:end])
+        return room / per if per > 0 else float("inf")
+
     def max_layers(self, mbs: int, gpu: str, tp: int, in_flight: int) -> int:
         """The most layers one stage on (gpu, tp) can hold: its count of the smallest that fit."""
         key = (mbs, gpu, tp, in_flight)

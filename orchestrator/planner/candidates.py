@@ -158,14 +158,25 @@ class Evaluator:
             return None
 
     def time_lower_bounds(
-        self, shape: Shape, times: list[tuple[float, float, float]], degrees: list[int]
+        self,
+        shape: Shape,
+        times: list[tuple[float, float, float]],
+        degrees: list[int],
+        *,
+        in_flight: float = float("inf"),
     ) -> list[float]:
         """Iteration time at each of ``degrees`` if every link were the market's best: a lower
         bound for any placement, warm-up and sync algorithm. Stage ``s`` cannot start before the
         first microbatch's forwards and transfers reach it; it must run ``m`` forwards and
         backwards; its last backward waits for the next stage's, and for the last microbatch to go
         from its ``m``-th forward down the pipeline and back. Then comes the all-reduce no overlap
-        hides, and the step."""
+        hides, and the step.
+
+        ``in_flight``: the most microbatches the first stage's memory holds at once. Its warm-up
+        keeps at most that many (standard 1F1B: as many as there are stages) in flight, so while
+        the first microbatch goes down the pipeline and back it can run only that many forwards
+        less one, and while the last does, that many backwards less one: the pipeline's fill
+        and drain, which a first stage that could keep every microbatch in flight would hide."""
         latency, bandwidth = self.links().best
         stages, profile = shape.stages, self.profile
         scale = shape.mbs * profile.element_bytes
@@ -229,6 +240,16 @@ class Evaluator:
                 previous = end
             f, b, update = times[0]
             exposed = self.exposed_sync(messages[0], dp, shape.gpus[0], shape.tps[0], b)
+            most = max(stages, in_flight)  # a latency-aware warm-up only where memory allows
+            trip = downstream[0]
+            if (
+                m > most
+            ):  # the two windows are apart: the first backward comes before the last forward
+                ahead = math.floor(most) - 1
+                fill = max(0.0, trip - ahead * f) + max(0.0, trip - ahead * b)
+            else:  # at most the other m - 1 forwards, or backwards, fill either window
+                fill = max(0.0, trip - (m - 1) * f, trip - (m - 1) * b)
+            worst = max(worst, m * (f + b) + fill + exposed + update)
             for k, (_, extra) in enumerate(crossing):
                 round_trip = m * f + downstream[0] + 2 * extra + b + exposed + update
                 worst = max(worst, min(round_trip, crossing_sync[k]))

@@ -381,7 +381,16 @@ class _Search:
             bounds = [
                 (self._value(dp, seconds, hourly), dp)
                 for dp, seconds in zip(
-                    degrees, self.e.time_lower_bounds(shape, times, degrees), strict=True
+                    degrees,
+                    self.e.time_lower_bounds(
+                        shape,
+                        times,
+                        degrees,
+                        in_flight=self.bounds.most_in_flight(
+                            mbs, gpus[0], tps[0], split[0], split[1]
+                        ),
+                    ),
+                    strict=True,
                 )
                 if self._within_limits(dp, seconds, hourly)
             ]
