@@ -140,6 +140,20 @@ def _rows(result: SearchResult) -> list[tuple]:
     return rows
 
 
+def search_verdict(result: SearchResult) -> str:
+    """Whether the best plan is proven the best of the plan space, or how far the bounds say a
+    plan the search's heuristics skipped could be better."""
+    if result.proven:
+        return "the best plan is proven the best of the plan space"
+    skipped = ", ".join(result.heuristics)
+    if result.gap is None:
+        return f"best found (not every choice tried: {skipped}; no bound covers them all)"
+    return (
+        f"best found: the bounds allow a plan up to {result.gap:.1%} better "
+        f"(not every choice tried: {skipped})"
+    )
+
+
 def _round(value: float) -> float:
     """Three significant figures at least, two decimals at most: enough to rank by eye."""
     return round(value, 2 if value >= 10 else 4 if value < 1 else 3)
@@ -148,7 +162,8 @@ def _round(value: float) -> float:
 def _print(recipe: Recipe, result: SearchResult, reasons: list[str], args) -> None:
     print(
         f"{recipe.name}: {len(result.plans)} best of {result.evaluations:,} plans simulated "
-        f"({result.configs:,} configurations bounded) in {result.seconds:.2f} s"
+        f"({result.configs:,} configurations bounded) in {result.seconds:.2f} s; "
+        + search_verdict(result)
     )
     print(
         format_table(
@@ -202,6 +217,10 @@ def _document(recipe: Recipe, result: SearchResult, reasons: list[str], args) ->
             "seconds": result.seconds,
             "plans_simulated": result.evaluations,
             "configurations": result.configs,
+            "proven_best": result.proven,
+            "heuristics": list(result.heuristics),
+            "gap": result.gap,
+            "verdict": search_verdict(result),
         },
         "plans": plans,
         "written": str(args.output) if args.output else None,

@@ -416,8 +416,7 @@ def type_assignments(
     space: SearchSpace, stages: int
 ) -> Iterator[tuple[tuple[str, ...], tuple[int, ...]]]:
     """Every per-stage (GPU types, TP degrees) of ``stages`` stages."""
-    choices = [(g, t) for g in space.gpu_types for t in space.tp_degrees]
-    for combo in itertools.product(choices, repeat=stages):
+    for combo in itertools.product(type_pairs(space), repeat=stages):
         yield tuple(c[0] for c in combo), tuple(c[1] for c in combo)
 
 
@@ -427,11 +426,23 @@ Blocks = tuple[tuple[str, int], ...]  # (GPU type, TP degree) of each block of s
 def type_blocks(space: SearchSpace, stages: int) -> Iterator[Blocks]:
     """The heuristic beyond the exact limit: stages come in contiguous blocks of one GPU type each,
     types in any order, one TP degree per type (``block_sizes`` gives the stage counts)."""
-    types = space.gpu_types
+    pairs = type_pairs(space)
+    types = tuple(dict.fromkeys(g for g, _ in pairs))
+    degrees = {g: [t for h, t in pairs if h == g] for g in types}
     for count in range(1, min(len(types), stages) + 1):
         for order in itertools.permutations(types, count):
-            for tps in itertools.product(space.tp_degrees, repeat=count):
+            for tps in itertools.product(*(degrees[g] for g in order)):
                 yield tuple(zip(order, tps, strict=True))
+
+
+def type_pairs(space: SearchSpace) -> tuple[tuple[str, int], ...]:
+    """The (GPU type, TP degree) pairs a stage may take: those some place has nodes for, under
+    some allowed pricing. When none has, every pair (so that the search can say why none fits)."""
+    every = tuple((g, t) for g in space.gpu_types for t in space.tp_degrees)
+    hosted = tuple(
+        (g, t) for g, t in every if any(space.places(g, t, spot) for spot in space.spot_options)
+    )
+    return hosted or every
 
 
 def block_sizes(stages: int, blocks: int) -> Iterator[tuple[int, ...]]:

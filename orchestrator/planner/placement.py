@@ -52,6 +52,12 @@ def placements(
             yield columns
 
 
+def exact(space: SearchSpace, gpus, tps, dp: int, spot: bool, exact_limit: int) -> bool:
+    """Whether ``placements`` lists every placement (rather than a menu of likely ones)."""
+    options = [space.places(g, t, spot) for g, t in zip(gpus, tps, strict=True)]
+    return _count(options, dp, exact_limit) <= exact_limit
+
+
 def _count(options, dp: int, limit: int) -> int:
     total = 1
     for places in options:

@@ -44,8 +44,9 @@ from orchestrator.planner.candidates import (
     expand_blocks,
     type_assignments,
     type_blocks,
+    type_pairs,
 )
-from orchestrator.planner.placement import placements
+from orchestrator.planner.placement import exact, placements
 from orchestrator.planner.space import SearchSpace
 from orchestrator.planner.splits import all_splits, balanced_split, count_splits, neighbours
 
@@ -76,6 +77,17 @@ class SearchResult:
     cheapest_usd_per_hour: float | None = None  # least $/h of a pipeline the $/h budget left out
     points: list[tuple[float, float, bool]] = field(default_factory=list)  # (samples/s, $/1M
     # samples, feasible) of every simulated plan: the cost/throughput frontier
+    # where a limit made the search heuristic: which choices were not all tried ("splits",
+    # "placements", "type orders", "optimality gap": stopped within SearchOptions'
+    # optimality_gap); empty: the best plan is proven the best of the space
+    heuristics: tuple[str, ...] = ()
+    # the most the bounds allow a plan the heuristics skipped to beat the best by (relative);
+    # None when some skipped choice has no bound ("type orders": interleaved GPU types)
+    gap: float | None = 0.0
+
+    @property
+    def proven(self) -> bool:
+        return not self.heuristics
 
 
 class _Search:
@@ -93,6 +105,9 @@ class _Search:
         self.bounds = ConfigBounds(evaluator.profile, evaluator.settings)
         self._dp: dict = {}
         self._price: dict = {}
+        self._heuristics: set[str] = set()
+        self._loose = float("-inf")  # the best bound over choices a heuristic skipped
+        self._bound = float("-inf")  # the bound of the item being expanded
         self._tails: dict = {}
         self._gpus_of = {g: space.capacity(g) for g in space.gpu_types}
         profile = evaluator.profile
@@ -152,13 +167,15 @@ class _Search:
     # ---- level 0: families of configs, level 1: configs -----------------------------------
     def configs(self) -> None:
         space = self.space
-        choices = len(space.gpu_types) * len(space.tp_degrees)
+        choices = len(type_pairs(space))
         for mbs in space.microbatch_sizes:
             for stages in range(1, space.max_stages + 1):
                 if choices**stages <= self.options.exact_types_limit:
                     for gpus, tps in type_assignments(space, stages):
                         self._config(mbs, gpus, tps)
                     continue
+                # too many assignments: GPU types in contiguous blocks along the pipeline only
+                self._heuristics.add("type orders")
                 for blocks in type_blocks(space, stages):
                     if len(blocks) == 1:
                         self._config(mbs, *expand_blocks(blocks, (stages,)))
@@ -373,6 +390,7 @@ class _Search:
             fewest = self.space.global_batch_size // (mbs * max(degrees))
             balanced = self._balanced(mbs, gpus, tps, fewest)
             splits = [] if balanced is None else [balanced, *neighbours(balanced)]
+            self._skipped("splits")  # the config's bound covers the splits not tried
         for split in splits:
             shape = Shape(mbs, gpus, tps, split)
             times = self.e.stage_times(shape)
@@ -416,6 +434,9 @@ class _Search:
     def _evaluate(self, shape: Shape, dp: int) -> None:
         """Simulate every placement, sync algorithm, compression and pricing of (shape, D)."""
         for spot in self.space.spot_options:
+            limit = self.options.exact_placements_limit
+            if not exact(self.space, shape.gpus, shape.tps, dp, spot, limit):
+                self._skipped("placements")
             for columns in placements(
                 self.space, shape.gpus, shape.tps, dp, spot, self.options.exact_placements_limit
             ):
@@ -433,6 +454,11 @@ class _Search:
                         plan = self.e.build(shape, columns, allreduce, compression, spot)
                         self._record((shape.mbs, shape.gpus, shape.tps, dp), self.e.evaluate(plan))
         self._report()
+
+    def _skipped(self, what: str) -> None:
+        """A heuristic left some of the current item's choices untried; its bound covers them."""
+        self._heuristics.add(what)
+        self._loose = max(self._loose, self._bound)
 
     def _spans_regions(self, columns) -> bool:
         region_of = self.e.network.region_of
@@ -484,16 +510,31 @@ class _Search:
         while self.queue:
             negative, _, kind, payload = heapq.heappop(self.queue)
             if self._done(-negative):
+                if -negative > self.best_value > float("-inf"):  # stopped within the allowed gap
+                    self._bound = -negative
+                    self._skipped("optimality gap")
                 break
+            self._bound = -negative
             expand[kind](*payload)
         ranked = sorted(self.kept.values(), key=lambda e: -e.score.value)
         self.result.plans = ranked[: self.options.top_k]
         self.result.evaluations = self.e.evaluations
+        self._gap()
         self.result.seconds = time.perf_counter() - self.started
         floor = self.objective.min_samples_per_s
         if floor and self.best_floor_bound < floor:
             self.result.unreachable_floor = self.best_floor_bound
         return self.result
+
+    def _gap(self) -> None:
+        r, best = self.result, self.best_value
+        r.heuristics = tuple(sorted(self._heuristics))
+        if "type orders" in self._heuristics:
+            r.gap = None  # interleaved GPU types were never bounded
+        elif best > float("-inf") and self._loose > best:
+            r.gap = (self._loose - best) / abs(best)
+        else:
+            r.gap = 0.0
 
 
 def _held_share(microbatches: int, stages: int) -> float:
