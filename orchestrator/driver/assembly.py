@@ -28,8 +28,8 @@ def build_driver(
     """The job's driver from its folder's state, talking to the local cloud through its gateway
     (called in the driver actor, on every start)."""
     from orchestrator.catalog import default_catalog
+    from orchestrator.driver.market_plans import MarketPlans
     from orchestrator.driver.world import (
-        MarketPlans,
         ProvisionerCloud,
         RuntimeTrainer,
         checkpoint_url,

@@ -1,8 +1,6 @@
 """The driver's collaborators for real: the market and planner, a provisioner, the runtime.
 
-- ``MarketPlans``: polls the provisioner's offers now (prices and free capacity), plans the recipe
-  on them with the places that just refused capacity left out, and turns the best plan into
-  launch requests (nodes per place, at the offer's price).
+- ``MarketPlans`` (market_plans.py): the plans, from the provisioner's offers now.
 - ``ProvisionerCloud``: launch / terminate / events through a provisioner (provisioners/base.py);
   capacity and quota errors become ``CapacityRefused`` so the driver fails over.
 - ``RuntimeTrainer``: the runtime's worker group on the plan's layout (runtime/group.py), restored
@@ -16,29 +14,21 @@
 from __future__ import annotations
 
 import logging
-import math
 import uuid
 from collections import defaultdict
-from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 from orchestrator.catalog import Catalog
-from orchestrator.catalog.offers import OfferTable
-from orchestrator.driver.contract import deadline_rate
 from orchestrator.driver.failures import classify
 from orchestrator.driver.machine import (
     CapacityRefused,
-    Choice,
     JobBroken,
     Request,
     StepResult,
     WorkersLost,
 )
-from orchestrator.driver.measure import MEASURE_TIMEOUT_S, NodeProfiles, measure_on_node
+from orchestrator.driver.measure import MEASURE_TIMEOUT_S, measure_on_node
 from orchestrator.driver.straggler import pipeline_seconds
-from orchestrator.errors import UserError
-from orchestrator.market import convert_offers
 from orchestrator.plan import Plan
 from orchestrator.recipe.models import model_label, model_source, spec_of
 from orchestrator.recipe.schema import Recipe
@@ -54,150 +44,6 @@ from provisioners.base import (
 )
 
 log = logging.getLogger(__name__)
-
-
-def describe(plan: Plan) -> str:
-    """``PP2 x DP2 x TP1, microbatch 2: local/sim-us/sim-us-a: 2 T4 spot; ...``"""
-    from orchestrator.planner.explain import gpus_by_location, shape_text
-
-    return f"{shape_text(plan)}, microbatch {plan.microbatch_size}: {gpus_by_location(plan)}"
-
-
-class MarketPlans:
-    def __init__(
-        self,
-        recipe: Recipe,
-        catalog: Catalog,
-        provisioner: Provisioner,
-        *,
-        progress: Callable[[], tuple[int, float]] | None = None,
-    ) -> None:
-        """``progress``: (steps committed, seconds since the job began), so that a deadline's
-        throughput floor is what the rest of the job needs in the time left."""
-        self.recipe, self.catalog, self.provisioner = recipe, catalog, provisioner
-        self.progress = progress
-        # profile: auto on a real cloud: what the job's own nodes measured (measure.py)
-        self.node_profiles = NodeProfiles(recipe)
-
-    def unmeasured(self, plan: Plan) -> tuple[str, ...]:
-        return self.node_profiles.unmeasured(plan)
-
-    def learn(self, gpu: str, profile) -> None:
-        self.node_profiles.learn(gpu, profile)
-
-    def choose(
-        self, *, excluded: frozenset[str], held: dict[str, int], held_only: bool = False
-    ) -> Choice:
-
-        market = self.market(held, held_only=held_only)
-        constraints = self.recipe.constraints
-        recipe = replace(
-            self._with_deadline_left(),
-            constraints=replace(
-                constraints,
-                exclude_locations=tuple(sorted({*constraints.exclude_locations, *excluded})),
-            ),
-        )
-        result, note = self._plan_spread(recipe, market)
-        if not result.plans:
-            left_out = f" (left out after refusing capacity: {', '.join(sorted(excluded))})"
-            raise UserError(
-                "no feasible plan on the market now" + (left_out if excluded else ""),
-                fix="see why: python -m orchestrator plan RECIPE; widen constraints.locations, "
-                "gpu_types or max_gpus, or raise the budget",
-            )
-        best = result.plans[0]
-        return Choice(
-            plan=best.plan,
-            summary=describe(best.plan),
-            requests=tuple(requests_for(best.plan, market)),
-            samples_per_s=best.estimate.samples_per_s,
-            usd_per_hour=best.estimate.cost_per_hour_usd,
-            egress_usd_per_step=best.estimate.egress_usd_per_iteration,
-            note=note,
-        )
-
-    def _plan_spread(self, recipe: Recipe, market: OfferTable):
-        """The planner's result, and a note when the recipe's spread (constraints.min_locations,
-        for resilience) had to go: with fewer places on the market, train on what is there."""
-        from orchestrator.planner import plan_recipe
-
-        spread = recipe.constraints.min_locations
-        try:
-            result = plan_recipe(recipe, self.catalog, market, measured=self.node_profiles.measured)
-            if result.plans or spread <= 1:
-                return result, ""
-        except UserError:
-            if spread <= 1:
-                raise
-        relaxed = replace(recipe, constraints=replace(recipe.constraints, min_locations=1))
-        note = f"spread over fewer than constraints.min_locations ({spread}): the market has fewer"
-        return plan_recipe(
-            relaxed, self.catalog, market, measured=self.node_profiles.measured
-        ), note
-
-    def _with_deadline_left(self) -> Recipe:
-        """The recipe with its deadline turned into the floor the remaining steps need now."""
-        objective, training = self.recipe.objective, self.recipe.training
-        if not objective.deadline_h or self.progress is None:
-            return self.recipe
-        done, elapsed_s = self.progress()
-        if done == 0 and elapsed_s <= 0:
-            return self.recipe
-        floor = deadline_rate(
-            samples_left=(training.steps - done) * training.global_batch_size,
-            seconds_left=objective.deadline_h * 3600 - elapsed_s,
-        )
-        return replace(
-            self.recipe,
-            objective=replace(objective, deadline_h=None, min_throughput_samples_per_s=floor),
-        )
-
-    def market(self, held: dict[str, int], *, held_only: bool = False) -> OfferTable:
-        """The provisioner's offers now, in the catalog's terms; the nodes this job holds count
-        as free to it (``held_only``: they are all there is)."""
-        converted, _ = convert_offers(self.catalog, self.provisioner.offers())
-        offers = []
-        for offer, _ in converted:
-            mine = held.get(str(offer.location), 0)
-            if held_only:
-                if mine:
-                    offers.append(replace(offer, available_count=mine))
-                continue
-            if mine and offer.available_count is not None:
-                offer = replace(offer, available_count=offer.available_count + mine)
-            offers.append(offer)
-        return OfferTable(offers, f"live: {self.recipe.provider}")
-
-
-def requests_for(plan: Plan, market: OfferTable) -> list[Request]:
-    """Nodes per (place, GPU, pricing): the cheapest offer there, as many nodes as the GPUs need."""
-    gpus: dict[tuple[str, str, bool], int] = defaultdict(int)
-    for stage in plan.stages:
-        for r in stage.replicas:
-            gpus[(r.infra, r.gpu, r.spot)] += r.tp
-    requests = []
-    for (infra, gpu, spot), count in sorted(gpus.items()):
-        offers = [
-            o
-            for o in market.offers
-            if str(o.location) == infra and o.gpu == gpu and o.price_usd_per_hour(spot=spot)
-        ]
-        if not offers:
-            raise UserError(f"the market has no {gpu} offer in {infra}", fix="re-plan")
-        offer = min(offers, key=lambda o: o.price_usd_per_hour(spot=spot) / o.gpus_per_node)
-        requests.append(
-            Request(
-                infra=infra,
-                gpu=gpu,
-                count=math.ceil(count / offer.gpus_per_node),
-                spot=spot,
-                usd_per_node_hour=offer.price_usd_per_hour(spot=spot),
-                instance_type=offer.instance_type,
-                gpus_per_node=offer.gpus_per_node,
-            )
-        )
-    return requests
 
 
 class ProvisionerCloud:

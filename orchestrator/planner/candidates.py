@@ -102,6 +102,17 @@ class LinkBounds:
         )
 
 
+def _across_comm(sent: list[float], comm: list[float], link: tuple[float, float]) -> float | None:
+    """The least one hop of a pipeline adds when it goes over ``link`` (the best between two
+    places, or two regions) rather than the market's best (``comm``, for activations of ``sent``
+    bytes); None: the market has no such link."""
+    latency, bandwidth = link
+    if bandwidth <= 1e-9:
+        return None
+    extra = [latency + size / bandwidth - best for size, best in zip(sent, comm, strict=True)]
+    return max(0.0, min(extra)) if extra else float("inf")
+
+
 def _hierarchical_lower_bound(links: LinkBounds, dp: int, message: float, least: float) -> float:
     """A hierarchical all-reduce over ``r >= 2`` regions: its largest region group has at least
     ``ceil(dp / r)`` members, reduced and broadcast over at best the best link, and its leaders' ring
@@ -180,13 +191,11 @@ class Evaluator:
         latency, bandwidth = self.links().best
         stages, profile = shape.stages, self.profile
         scale = shape.mbs * profile.element_bytes
-        comm = [
-            latency
-            + profile.stage_facts(shape.tps[s], shape.split[s], shape.split[s + 1])[3]
-            * scale
-            / bandwidth
+        sent = [  # bytes of one activation from each stage to the next
+            profile.stage_facts(shape.tps[s], shape.split[s], shape.split[s + 1])[3] * scale
             for s in range(stages - 1)
         ]
+        comm = [latency + size / bandwidth for size in sent]
         start, downstream = [0.0] * stages, [0.0] * stages  # downstream: a round trip below s
         for s in range(1, stages):
             start[s] = start[s - 1] + times[s - 1][0] + comm[s - 1]
@@ -206,7 +215,7 @@ class Evaluator:
         need = shape.gpus_per_pipeline()
         links = self.links()
         levels = [
-            (most, link, self._across_comm(shape, comm, link))
+            (most, link, _across_comm(sent, comm, link))
             for most, link in (
                 (links.most_in_one_place, links.across_places),
                 (links.most_in_one_region, links.across_regions),
@@ -242,9 +251,9 @@ class Evaluator:
             exposed = self.exposed_sync(messages[0], dp, shape.gpus[0], shape.tps[0], b)
             most = max(stages, in_flight)  # a latency-aware warm-up only where memory allows
             trip = downstream[0]
-            if (
-                m > most
-            ):  # the two windows are apart: the first backward comes before the last forward
+            # with more microbatches than in flight, the first backward comes before the last
+            # forward: the two windows are apart
+            if m > most:
                 ahead = math.floor(most) - 1
                 fill = max(0.0, trip - ahead * f) + max(0.0, trip - ahead * b)
             else:  # at most the other m - 1 forwards, or backwards, fill either window
@@ -267,23 +276,6 @@ class Evaluator:
             return None
         return latency + profile.tied_elements * profile.element_bytes / bandwidth + times[0][2]
 
-    def _across_comm(self, shape: Shape, comm: list[float], link: tuple[float, float]):
-        """The least one hop of the pipeline adds when it goes over ``link`` (the best between
-        two places, or two regions) rather than the market's best (None: no such link)."""
-        latency, bandwidth = link
-        if bandwidth <= 1e-9:
-            return None
-        profile, scale = self.profile, shape.mbs * self.profile.element_bytes
-        extra = [
-            latency
-            + profile.stage_facts(shape.tps[s], shape.split[s], shape.split[s + 1])[3]
-            * scale
-            / bandwidth
-            - comm[s]
-            for s in range(shape.stages - 1)
-        ]
-        return max(0.0, min(extra)) if extra else float("inf")
-
     def _exposed_across(
         self, message: float, dp: int, backward_s: float, link: tuple[float, float]
     ) -> float:
@@ -303,11 +295,7 @@ class Evaluator:
                 least = min(compressed_bytes(message, element, c) for c in self.space.compression)
                 options.append(2 * latency + least / bandwidth)
             sync = self._syncs[key] = min(options) if options else 0.0
-        if not self.settings.overlap_grad_sync:
-            return sync
-        bucket = self.settings.bucket_bytes
-        last_bucket = sync * bucket / message if message > bucket else sync
-        return max(last_bucket, sync - backward_s)
+        return self._exposed(sync, message, backward_s)
 
     def exposed_sync(self, message: float, dp: int, gpu: str, tp: int, backward_s: float) -> float:
         """The least all-reduce time left after the stage's last backward."""
@@ -317,6 +305,11 @@ class Evaluator:
         sync = self._syncs.get(key)
         if sync is None:
             sync = self._syncs[key] = self.allreduce_lower_bound(message, dp, [(gpu, tp)])
+        return self._exposed(sync, message, backward_s)
+
+    def _exposed(self, sync: float, message: float, backward_s: float) -> float:
+        """What an all-reduce of ``sync`` seconds leaves after the last backward: with overlap,
+        at least its last bucket, and at least what the backward could not hide."""
         if not self.settings.overlap_grad_sync:
             return sync
         bucket = self.settings.bucket_bytes

@@ -315,13 +315,11 @@ def _check_precision_support(c: Checker, gpu_types: list[str]) -> None:
 def _market(c: Checker) -> OfferTable | None:
     """The offers the recipe plans against: ``market``, the local cloud's ``offers``, or the
     provider's own."""
-    recipe = c.recipe
-    field: tuple[str, ...] = ("market",)
-    if recipe.market is None and recipe.provider == "local" and recipe.local_cloud.offers:
-        field = ("local_cloud", "offers")
-    elif recipe.market is None:
+    recipe, named = c.recipe, c.recipe.market_file()
+    if named is None:
         return c.catalog.market(recipe.provider)
-    path = c.folder / (recipe.market or recipe.local_cloud.offers)
+    field = ("market",) if recipe.market is not None else ("local_cloud", "offers")
+    path = c.folder / named
     problem = file_problem(path)
     if problem is not None:
         c.error(

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.driver.world import MarketPlans
+from orchestrator.driver.market_plans import MarketPlans
 from orchestrator.recipe import parse_recipe
 
 RECIPE = """\

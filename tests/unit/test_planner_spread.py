@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.catalog import default_catalog
-from orchestrator.driver.world import MarketPlans
+from orchestrator.driver.market_plans import MarketPlans
 from orchestrator.errors import UserError
 from orchestrator.planner import plan_recipe
 from orchestrator.recipe import parse_recipe
