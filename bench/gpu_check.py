@@ -19,9 +19,10 @@ minute): run it before spending device time. bench/gpu_session.sh is what a lent
    - a Hugging Face GPT-2 (small config, dropout off; the model protocol's ``hf`` source) by one
      CUDA worker, in fp32 and in bf16-mixed (``--skip hf`` leaves these out);
    each against the single-process run on the CPU (runtime/reference.py) in the same precision,
-   step by step. NCCL needs one GPU per rank of a group (it refuses two ranks on one device), so
-   on a one-GPU machine no layout here takes the NCCL path; with N GPUs, ``--nccl`` adds a
-   data-parallel layout of N workers in one place.
+   step by step. ``--nccl N`` adds a data-parallel layout of N workers in one place, and the
+   HF rows 2 stages x TP 2 over NCCL beside gloo: with fewer GPUs than ranks, the ranks sharing a
+   GPU are NCCL hosts of their own (runtime/devices.py), so NCCL runs on a one-GPU machine too
+   (over its socket transport); each row says how many NCCL groups its workers had.
 2. Fidelity on the GPU: ``--model`` (a built-in model, or ``hf:gpt2`` built from ``--hf-config``:
    GPT-2 small's shape by default) profiled layer by layer on the GPU (runtime/profiler.py), a
    one-GPU plan simulated on that measured profile and on the analytic estimate for the catalog's
@@ -136,6 +137,13 @@ def _layout(model, layers, pipelines, devices, *, microbatch, microbatches, tp=1
     )
 
 
+def _gpu_count(device: str) -> int:
+    """The GPUs the CUDA rows share (1 on a dry run, whose rows run on the CPU)."""
+    import torch
+
+    return max(1, torch.cuda.device_count()) if device == "cuda" else 1
+
+
 def _train(
     layout, config, *, gpu_share: float, model=None
 ) -> tuple[list[float], list[float], list[dict]]:
@@ -168,7 +176,8 @@ class _Case:
     devices: list
     microbatches: int
     share: float
-    tp: int = 1  # tensor-parallel degree of every stage; >1 shares the one GPU over gloo
+    tp: int = 1  # tensor-parallel degree of every stage
+    nccl: bool = True  # False: gloo even between the GPUs of one place
 
 
 def correctness(args, report: dict, save) -> None:
@@ -204,6 +213,7 @@ def correctness(args, report: dict, save) -> None:
             0.5,
         ),
     ]
+    gpus = _gpu_count(args.device)
     if args.nccl > 1:
         cases.append(
             _Case(
@@ -214,7 +224,7 @@ def correctness(args, report: dict, save) -> None:
                 [[US_A]] * args.nccl,
                 ["cuda"],
                 4 // args.nccl or 1,
-                1.0,
+                min(1.0, gpus / args.nccl),
             )
         )
     if "hf" not in args.skip:
@@ -234,22 +244,24 @@ def correctness(args, report: dict, save) -> None:
                     1.0,
                 )
             )
-        # tensor parallelism: 2 stages x TP 2, four workers sharing the GPU, gloo (NCCL refuses
-        # two ranks of one group on one GPU; with a GPU per worker the TP group is NCCL's)
+        # tensor parallelism: 2 stages x TP 2, four workers (sharing GPUs where there are fewer)
+        backends = [("gloo", False)] + ([("NCCL", True)] if args.nccl > 1 else [])
         for precision in ("fp32", "bf16-mixed"):
-            cases.append(
-                _Case(
-                    f"HF GPT-2, 2 stages x TP 2, CUDA (gloo), {precision}",
-                    gpt2,
-                    precision,
-                    [(0, layers // 2), (layers // 2, layers)],
-                    [[US_A, US_A]],
-                    ["cuda", "cuda"],
-                    4,
-                    0.25,
-                    tp=2,
+            for backend, nccl in backends:
+                cases.append(
+                    _Case(
+                        f"HF GPT-2, 2 stages x TP 2, CUDA ({backend}), {precision}",
+                        gpt2,
+                        precision,
+                        [(0, layers // 2), (layers // 2, layers)],
+                        [[US_A, US_A]],
+                        ["cuda", "cuda"],
+                        4,
+                        min(1.0, gpus / 4),
+                        tp=2,
+                        nccl=nccl,
+                    )
                 )
-            )
     report["correctness"] = []
     references: dict = {}  # (model, precision) -> the CPU's losses
     for case in cases:
@@ -262,7 +274,7 @@ def correctness(args, report: dict, save) -> None:
             microbatch=2,
             microbatches=case.microbatches,
             tp=case.tp,
-            nccl=case.tp == 1,
+            nccl=case.nccl,
         )
         run = dataclasses.replace(config, precision=case.precision)
         try:
@@ -270,7 +282,7 @@ def correctness(args, report: dict, save) -> None:
             if key not in references:
                 references[key] = workload_losses(build_workload(case.model, seed=run.seed), run)
             reference = references[key]
-            losses, seconds, _ = _train(layout, run, gpu_share=case.share, model=case.model)
+            losses, seconds, counters = _train(layout, run, gpu_share=case.share, model=case.model)
         except Exception as error:  # noqa: BLE001  (a case's failure is reported, the rest run)
             print(f"{case.name:48s} FAILED: {type(error).__name__}: {error}", flush=True)
             report["correctness"].append(
@@ -280,9 +292,11 @@ def correctness(args, report: dict, save) -> None:
             continue
         worst = max(abs(a - b) / abs(b) for a, b in zip(losses, reference, strict=True))
         within = worst <= TOLERANCE[case.precision]
+        nccl_groups = max(c.get("nccl_groups", 0) for c in counters)
         print(
             f"{case.name:48s} losses {[round(x, 5) for x in losses]}  max rel. diff to CPU "
-            f"{worst:.2e} ({'within' if within else 'OVER'} {TOLERANCE[case.precision]:.0e})",
+            f"{worst:.2e} ({'within' if within else 'OVER'} {TOLERANCE[case.precision]:.0e}); "
+            f"NCCL groups {nccl_groups}",
             flush=True,
         )
         report["correctness"].append(
@@ -295,6 +309,8 @@ def correctness(args, report: dict, save) -> None:
                 "max_rel_diff": worst,
                 "tolerance": TOLERANCE[case.precision],
                 "step_s": seconds,
+                "nccl_groups": nccl_groups,
+                "gpu_shared": any(c.get("gpu_shared") for c in counters),
             }
         )
         save()
@@ -479,7 +495,12 @@ def main() -> None:
     parser.add_argument("--fidelity-steps", type=int)
     parser.add_argument("--repeats", type=int, help="profiler: timed runs per figure")
     parser.add_argument("--warmup", type=int, help="profiler: untimed runs first")
-    parser.add_argument("--nccl", type=int, default=0, help="GPUs for an NCCL layout (needs >1)")
+    parser.add_argument(
+        "--nccl",
+        type=int,
+        default=0,
+        help="ranks of an NCCL DP layout, and TP rows over NCCL (>1; may exceed the GPUs)",
+    )
     parser.add_argument("--device", default="cuda", help="cpu: a dry run of this script")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (a dry run's)")
     parser.add_argument(

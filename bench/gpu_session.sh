@@ -11,12 +11,13 @@
 # Parts, each under `timeout` and cut to what is left of TOTAL_S, each logged to $OUT; one
 # failing does not stop the others:
 #   (a) the GPU tests: a Hugging Face GPT-2 on CUDA in fp32 and bf16 against the CPU
-#   (b) gpu_check's correctness rows (gpt-mini layouts, the HF GPT-2 in fp32 and bf16-mixed)
+#   (b) gpu_check's correctness rows (gpt-mini layouts, the HF GPT-2 in fp32 and bf16-mixed;
+#       with NCCL=N, N>1, a DP N layout and the TP rows over NCCL too)
 #   (c) fidelity of the HF GPT-2 with GPT-2 small's shape (fp32: the profiler measures fp32 only)
 #   (d) fidelity of the built-in gpt2-small, same shape and batch as (c): the two side by side
 #   (e) `submit recipes/quickstart.yaml` on the local cloud, whose nodes' GPUs are then this GPU
 #   (f) `submit recipes/hf-gpt2-tp.yaml`: the HF GPT-2 as 2 stages x TP 2, a node preempted
-# PARTS picks some (default: all), e.g. PARTS="pytest submit-quickstart submit-hf". While (e) and
+# PARTS picks some (default: all) and their order, e.g. PARTS="pytest submit-quickstart submit-hf". While (e) and
 # (f) run, nvidia-smi's compute processes are sampled every 2 s to $OUT/gpu-apps.log; each job's
 # `started` events (which say what the workers compute on) are printed after it.
 # $OUT gets 8 files at most (the device tool's limit): env.log, gpu-apps.log and per part
@@ -36,6 +37,7 @@ LIMIT_SUBMIT_S=150
 PARTS=${PARTS:-pytest correctness fidelity-hf fidelity-builtin submit-quickstart submit-hf}
 FIDELITY_BATCH="--microbatch 4 --global-batch 32" # BENCHMARKS.md's gpt2-small row
 CHECK_FLAGS=""
+NCCL=${NCCL:-0} # gpu_check --nccl (ranks of the NCCL rows; may exceed the GPUs)
 HF_CONFIG=small-sized
 BUILTIN_MODEL=gpt2-small
 SETUP=1
@@ -48,7 +50,7 @@ fi
 
 CMD_PYTEST="python3 -m pytest -x -q tests/integration/test_gpu_runtime.py -p no:cacheprovider"
 CHECK="python3 bench/gpu_check.py $CHECK_FLAGS --out /tmp/gc"
-CMD_CORRECTNESS="$CHECK --skip fidelity --name correctness"
+CMD_CORRECTNESS="$CHECK --skip fidelity --name correctness --nccl $NCCL"
 CMD_FIDELITY_HF="$CHECK --skip correctness --model hf:gpt2 --hf-config $HF_CONFIG $FIDELITY_BATCH --name fidelity-hf"
 CMD_FIDELITY_BUILTIN="$CHECK --skip correctness --model $BUILTIN_MODEL $FIDELITY_BATCH --name fidelity-$BUILTIN_MODEL"
 
@@ -124,21 +126,24 @@ for line in (home / "jobs" / name / "events.jsonl").open():
 PY
 }
 
-wanted pytest && part pytest "$LIMIT_PYTEST_S" "$CMD_PYTEST"
-wanted correctness && part correctness "$LIMIT_CORRECTNESS_S" "$CMD_CORRECTNESS"
-wanted fidelity-hf && part fidelity-hf "$LIMIT_FIDELITY_HF_S" "$CMD_FIDELITY_HF"
-wanted fidelity-builtin && part "fidelity-$BUILTIN_MODEL" "$LIMIT_FIDELITY_BUILTIN_S" "$CMD_FIDELITY_BUILTIN"
-if wanted submit-quickstart || wanted submit-hf; then
-    if ((SETUP)); then
-        (while sleep 2; do
-            nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
-        done) >"$OUT/gpu-apps.log" 2>&1 &
-        SAMPLER=$!
-    fi
-    wanted submit-quickstart && submit submit-quickstart recipes/quickstart.yaml
-    wanted submit-hf && submit submit-hf recipes/hf-gpt2-tp.yaml
-    [[ -n ${SAMPLER:-} ]] && kill "$SAMPLER"
+if ((SETUP)) && { wanted submit-quickstart || wanted submit-hf; }; then
+    (while sleep 2; do
+        nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv,noheader
+    done) >"$OUT/gpu-apps.log" 2>&1 &
+    SAMPLER=$!
 fi
+for name in $PARTS; do
+    case $name in
+    pytest) part pytest "$LIMIT_PYTEST_S" "$CMD_PYTEST" ;;
+    correctness) part correctness "$LIMIT_CORRECTNESS_S" "$CMD_CORRECTNESS" ;;
+    fidelity-hf) part fidelity-hf "$LIMIT_FIDELITY_HF_S" "$CMD_FIDELITY_HF" ;;
+    fidelity-builtin) part "fidelity-$BUILTIN_MODEL" "$LIMIT_FIDELITY_BUILTIN_S" "$CMD_FIDELITY_BUILTIN" ;;
+    submit-quickstart) submit submit-quickstart recipes/quickstart.yaml ;;
+    submit-hf) submit submit-hf recipes/hf-gpt2-tp.yaml ;;
+    *) echo "unknown part $name (pytest correctness fidelity-hf fidelity-builtin submit-quickstart submit-hf)" ;;
+    esac
+done
+[[ -n ${SAMPLER:-} ]] && kill "$SAMPLER"
 
 {
     echo "== summary (total $(($(date +%s) - START)) s)"

@@ -121,6 +121,7 @@ class StageWorker:
             # what this worker computes on ("cpu", or the GPU's name) and its NCCL groups
             "device": _device_name(comm.device),
             "nccl_groups": comm.nccl_groups,
+            "gpu_shared": comm.gpu_shared,
             # the stage's tensors at their peak (runtime/memory.py); None where not measurable
             "peak_tensor_bytes": self.runner.memory.peak_bytes,
             # the last step's summed gradient held no NaN or inf (the driver's divergence guard)
@@ -222,13 +223,15 @@ class StageWorker:
 def pin_interfaces(ip: str) -> None:
     """Make gloo and NCCL listen where Ray does, unless told otherwise. On a cloud VM the host
     name resolves to the VM's private address, which another cloud cannot reach; the node's Ray
-    address is its overlay address (provisioners/bootstrap). Loopback (every node on one
-    machine) needs nothing."""
+    address is its overlay address (provisioners/bootstrap). On loopback (every node on one
+    machine) NCCL, which leaves ``lo`` out by default, is told to use it: its ranks sharing a GPU
+    are hosts of their own (runtime/devices.py) that meet over sockets."""
     import os
 
     import psutil
 
     if ip.startswith("127."):
+        os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
         return
     for name, addresses in psutil.net_if_addrs().items():
         if any(a.address == ip for a in addresses):

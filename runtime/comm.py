@@ -5,7 +5,8 @@ Ray's control.
 same order (as torch.distributed requires), the groups the Layout names: each stage's
 data-parallel group (one per tensor-parallel rank), its zone and region groups and cross-region
 leaders for the hierarchical all-reduce, and each replica's tensor-parallel group. A group or pipeline pair whose members are all on CUDA in one place
-(``Layout.on_nccl``), each on a GPU of its own, also gets an NCCL group, and its tensors go from GPU to GPU; every other
+(``Layout.on_nccl``) also gets an NCCL group, and its tensors go from GPU to GPU (where ranks share
+a GPU, each is an NCCL host of its own: runtime/devices.py); every other
 exchange copies a GPU tensor to host memory, goes over gloo (across the overlay between locations,
 or to a CPU worker), and copies it back. NCCL's operations are asynchronous to the host: a receive
 or collective on it waits for the device, so the phase timers measure the same wait as on gloo.
@@ -65,11 +66,16 @@ class Comm:
         self._groups: dict[tuple[int, ...], object] = {}
         self._nccl: dict[tuple[int, ...], object] = {}  # NCCL groups, by their sorted ranks
         self._gpus: list[str | None] = []  # each rank's physical GPU (devices.gpu_identity)
+        self.gpu_shared = False  # ranks of this job share a GPU, each its own NCCL host
         if layout.uses_cuda:
-            from runtime.devices import gpu_identity
+            from runtime.devices import gpu_identity, own_nccl_host, share_a_gpu
 
             self._gpus = [None] * layout.world_size
             dist.all_gather_object(self._gpus, gpu_identity(self.device))
+            # decided alike on every rank from the same gathered list, before any NCCL group
+            self.gpu_shared = layout.nccl and share_a_gpu(self._gpus)
+            if self.gpu_shared:
+                own_nccl_host(rank)
         self._create_groups(pipelines)
         # per peer, oldest first: [message number, tensor, work handles (one, once posted)]
         self._pending: dict[int, deque] = defaultdict(deque)
@@ -110,15 +116,14 @@ class Comm:
             # every rank creates every NCCL group, members or not (torch.distributed's rule);
             # NCCL sets up its communicator at the group's first operation, on members only
             key = tuple(sorted(set(ranks)))
-            if layout.on_nccl(key) and self._own_gpus(key) and key not in self._nccl:
+            if layout.on_nccl(key) and self._nccl_reaches(key) and key not in self._nccl:
                 self._nccl[key] = dist.new_group(list(key), backend="nccl")
 
-    def _own_gpus(self, ranks: tuple[int, ...]) -> bool:
-        """Whether each of ``ranks`` has a GPU of its own: NCCL refuses two ranks of one
-        communicator on one GPU (workers sharing a GPU: a machine with fewer GPUs than the
-        local cloud's nodes hold), so such a group talks over gloo through host memory."""
+    def _nccl_reaches(self, ranks: tuple[int, ...]) -> bool:
+        """Whether NCCL can join ``ranks``: each on a GPU, and each on a GPU of its own unless
+        every rank is an NCCL host of its own (``gpu_shared``)."""
         gpus = [self._gpus[r] for r in ranks]
-        return None not in gpus and len(set(gpus)) == len(gpus)
+        return None not in gpus and (self.gpu_shared or len(set(gpus)) == len(gpus))
 
     @property
     def nccl_groups(self) -> int:

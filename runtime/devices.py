@@ -7,9 +7,12 @@ and the node's environment says which of the machine's GPUs its first GPU is
 (``CUDA_FIRST_ENV``, set by provisioners/local/cluster.py under the same name); Ray's GPU id
 then counts from there, round robin over the machine's GPUs.
 
-NCCL refuses two ranks of one communicator on one GPU ("Duplicate GPU detected"): ``gpu_identity``
-names a worker's physical GPU, so that a group whose members share one talks over gloo instead
-(runtime/comm.py).
+NCCL refuses two ranks of one communicator on one GPU of one host ("Duplicate GPU detected").
+``gpu_identity`` names a worker's physical GPU; where ranks of a job share one (a machine with
+fewer GPUs than the local cloud's nodes hold, or fractional GPUs in tests), ``own_nccl_host`` makes
+each rank an NCCL host of its own (``NCCL_HOSTID``), as the simulated nodes are meant to be
+separate machines: NCCL then joins them over its network transport (sockets, through host memory)
+instead of refusing, so NCCL runs on one GPU as it would between nodes (runtime/comm.py).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import socket
 
 CUDA_FIRST_ENV = "GEO_LOCAL_CUDA_FIRST"
 NOSET_ENV = "RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES"
+NCCL_HOST_ENV = "NCCL_HOSTID"  # NCCL's own override of the host it thinks a rank is on
 
 
 def cuda_index(ray_gpu_ids: list, *, device_count: int) -> int:
@@ -36,3 +40,16 @@ def gpu_identity(device) -> str | None:
     import torch
 
     return f"{socket.gethostname()}/{torch.cuda.get_device_properties(device).uuid}"
+
+
+def share_a_gpu(gpus: list[str | None]) -> bool:
+    """Whether two of these ranks' GPUs (``gpu_identity``; None: a CPU rank) are one."""
+    named = [g for g in gpus if g is not None]
+    return len(set(named)) < len(named)
+
+
+def own_nccl_host(rank: int) -> None:
+    """Make this process rank ``rank``'s own NCCL host, before its first NCCL communicator (NCCL
+    reads the variable when one is set up). Every rank of the job must do the same, so that no
+    two of them look like one host with one GPU twice."""
+    os.environ[NCCL_HOST_ENV] = f"{socket.gethostname()}/geo-rank-{rank}"

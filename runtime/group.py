@@ -86,8 +86,8 @@ class WorkerGroup:
         start: a failed start's names are not reused); ``nodes``: the Ray node id of each rank
         (a restart that keeps each rank on the node it ran on, e.g. so a re-balanced share of
         the batch stays with the node it was measured on); ``gpu_share``: the part of a GPU each
-        CUDA worker takes (below 1, workers share a GPU: small models, tests on one GPU; NCCL
-        refuses two ranks of one group on one GPU, so sharers must be in different places);
+        CUDA worker takes (below 1, workers share a GPU: small models, tests on one GPU; ranks
+        sharing one are NCCL hosts of their own, runtime/devices.py);
         ``model``: the model to train (default: the layout's built-in one; a user's code reaches
         the workers with the Ray job's ``runtime_env``, which its actors inherit); ``data``:
         what a token model reads (default: the byte corpus)."""

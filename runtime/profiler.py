@@ -159,7 +159,7 @@ def profile_tensor_parallel(
     label: str, source: ModelSource, config: ProfilerConfig, *, degree: int, timeout_s: float = 900
 ) -> ModelMeasurement:
     """``profile_model`` split ``degree`` ways on this machine: ``degree`` processes (gloo on
-    the CPU; on CUDA one GPU each and NCCL), each building the model from ``source`` and
+    the CPU; NCCL on CUDA, one GPU each where there are enough), each building the model from ``source`` and
     measuring its shards in step with the others, as the workers of a tensor-parallel group
     train; the first one's figures.
     The members are fresh interpreters (``python -m runtime.profiler``), not forks: the caller
@@ -180,7 +180,7 @@ def profile_tensor_parallel(
         k: v for k, v in os.environ.items() if k not in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
     }
     if Path("/sys/class/net/lo").exists():
-        env["GLOO_SOCKET_IFNAME"] = "lo"
+        env["GLOO_SOCKET_IFNAME"] = env["NCCL_SOCKET_IFNAME"] = "lo"
     with tempfile.TemporaryDirectory(prefix="geo-tp-profile-") as folder:
         request = Path(folder) / "request.pkl"
         request.write_bytes(pickle.dumps((label, source, config, degree, port)))
@@ -225,10 +225,15 @@ def _tp_member(request: str, rank: int) -> None:
     backend = "gloo"
     if config.device == "cuda":
         # one GPU per member, NCCL between them, as a stage's workers; where there are fewer
-        # GPUs than members they share them over gloo, as workers sharing a GPU do (comm.py)
+        # GPUs than members, each member is an NCCL host of its own, as workers sharing a GPU
+        # are (runtime/devices.py)
+        from runtime.devices import own_nccl_host
+
         count = torch.cuda.device_count()
         torch.cuda.set_device(rank % count)
-        backend = "nccl" if degree <= count else "gloo"
+        backend = "nccl"
+        if degree > count:
+            own_nccl_host(rank)
     dist.init_process_group(
         backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=degree
     )

@@ -210,7 +210,9 @@ class RuntimeTrainer:
         nccl = max((c["nccl_groups"] for c in counters), default=0)
         line = f"{len(counters)} workers on {', '.join(kinds)}"
         if any(kind != "cpu" for kind in kinds):
-            line += f" ({nccl} NCCL groups)" if nccl else " (no NCCL group: gloo)"
+            line += f" ({nccl} NCCL groups" if nccl else " (no NCCL group: gloo"
+            shared = any(c.get("gpu_shared") for c in counters)
+            line += "; ranks share a GPU, each its own NCCL host)" if shared else ")"
         return line
 
     def attach(self, plan: Plan, *, workers: str) -> bool:

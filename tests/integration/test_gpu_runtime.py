@@ -1,6 +1,7 @@
 """On a machine with a GPU: the runtime trains a Hugging Face GPT-2 on CUDA as the CPU's single
-process does, in bf16 too; with two GPUs or more, as 2 stages in one place, whose activations and
-gradients then go GPU to GPU over NCCL. Without a CUDA device every test here skips and says so
+process does, in bf16 too; and as 2 stages in one place, whose activations and gradients then go
+over NCCL: GPU to GPU with two GPUs or more, and on one GPU between two ranks that are NCCL hosts
+of their own (runtime/devices.py). Without a CUDA device every test here skips and says so
 (the project's CI machine has none; a GPU is lent to some sessions only)."""
 
 from __future__ import annotations
@@ -60,13 +61,15 @@ def _layout(stages: int) -> Layout:
     )
 
 
-def _run(layout: Layout, config: TrainConfig) -> list[float]:
+def _run(layout: Layout, config: TrainConfig) -> tuple[list[float], list[dict]]:
+    """The losses of ``config.steps`` steps, and each worker's counters after them."""
     from runtime.group import WorkerGroup
 
+    share = 1.0 if GPUS >= layout.world_size else 1.0 / layout.world_size
     with local_ray(num_cpus=4, resources={f"infra:{PLACE}": 4}):
-        group = WorkerGroup.start(layout, config, model=GPT2, timeout_s=300)
+        group = WorkerGroup.start(layout, config, model=GPT2, timeout_s=300, gpu_share=share)
         try:
-            return [group.step(step) for step in range(config.steps)]
+            return [group.step(step) for step in range(config.steps)], group.counters()
         finally:
             group.shutdown()
 
@@ -76,15 +79,16 @@ def _run(layout: Layout, config: TrainConfig) -> list[float]:
 def test_a_gpt2_on_one_gpu_trains_as_the_cpu_does(precision):
     config = dataclasses.replace(CONFIG, precision=precision)
     want = workload_losses(build_workload(GPT2, seed=config.seed), config)
-    got = _run(_layout(1), config)
+    got, _ = _run(_layout(1), config)
     relative = max(abs(g - w) / w for g, w in zip(got, want, strict=True))
     assert relative <= TOLERANCE[precision], (got, want)
 
 
 @pytest.mark.integration
-@pytest.mark.skipif(GPUS < 2, reason="NCCL between two stages needs two GPUs")
-def test_two_stages_on_two_gpus_of_one_place_talk_over_nccl():
+def test_two_stages_of_one_place_talk_over_nccl():
     want = workload_losses(build_workload(GPT2, seed=CONFIG.seed), CONFIG)
-    got = _run(_layout(2), CONFIG)
+    got, counters = _run(_layout(2), CONFIG)
     relative = max(abs(g - w) / w for g, w in zip(got, want, strict=True))
     assert relative <= TOLERANCE["fp32"], (got, want)
+    assert all(c["nccl_groups"] >= 1 for c in counters), counters
+    assert all(c["gpu_shared"] is (GPUS < 2) for c in counters), counters

@@ -152,6 +152,8 @@ def test_workers_listen_where_ray_does_off_loopback(monkeypatch):
         monkeypatch.delenv(name)
     pin_interfaces("127.0.0.1")
     assert "GLOO_SOCKET_IFNAME" not in os.environ
+    assert os.environ["NCCL_SOCKET_IFNAME"] == "lo"  # NCCL leaves lo out unless told
+    monkeypatch.delenv("NCCL_SOCKET_IFNAME")
     pin_interfaces("100.64.0.7")
     assert os.environ["GLOO_SOCKET_IFNAME"] == os.environ["NCCL_SOCKET_IFNAME"] == "wg0"
     monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")  # the operator's own choice stays

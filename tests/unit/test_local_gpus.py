@@ -3,6 +3,8 @@ which groups may take NCCL (never two ranks on one GPU)."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from provisioners.local.cluster import CUDA_FIRST_ENV, LocalCluster, NodeSpec
@@ -54,15 +56,28 @@ def test_a_worker_finds_its_gpu_from_rays_id(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("gpus", "ranks", "own"),
+    ("gpus", "ranks", "shared", "reaches"),
     [
-        (["h/GPU-a", "h/GPU-b"], (0, 1), True),
-        (["h/GPU-a", "h/GPU-a"], (0, 1), False),  # shared: NCCL would refuse the pair
-        (["h/GPU-a", None], (0, 1), False),  # a CPU worker
-        (["h/GPU-a", "g/GPU-a", "h/GPU-a"], (0, 1), True),
+        (["h/GPU-a", "h/GPU-b"], (0, 1), False, True),
+        (["h/GPU-a", "h/GPU-a"], (0, 1), False, False),  # one host, one GPU twice: refused
+        (["h/GPU-a", "h/GPU-a"], (0, 1), True, True),  # each rank an NCCL host of its own
+        (["h/GPU-a", None], (0, 1), True, False),  # a CPU worker
+        (["h/GPU-a", "g/GPU-a", "h/GPU-a"], (0, 1), False, True),
     ],
 )
-def test_nccl_only_between_ranks_on_gpus_of_their_own(gpus, ranks, own):
+def test_nccl_between_ranks_on_gpus_of_their_own_or_hosts_of_their_own(
+    gpus, ranks, shared, reaches
+):
     comm = Comm.__new__(Comm)
-    comm._gpus = gpus
-    assert comm._own_gpus(ranks) is own
+    comm._gpus, comm.gpu_shared = gpus, shared
+    assert comm._nccl_reaches(ranks) is reaches
+
+
+def test_ranks_sharing_a_gpu_become_nccl_hosts_of_their_own(monkeypatch):
+    assert not devices.share_a_gpu(["h/GPU-a", "h/GPU-b", None, None])
+    assert devices.share_a_gpu(["h/GPU-a", None, "h/GPU-a"])
+    monkeypatch.setenv(devices.NCCL_HOST_ENV, "unset")  # recorded, so the test undoes it
+    devices.own_nccl_host(3)
+    first = os.environ[devices.NCCL_HOST_ENV]
+    devices.own_nccl_host(4)
+    assert first.endswith("geo-rank-3") and os.environ[devices.NCCL_HOST_ENV] != first
