@@ -1,7 +1,8 @@
 """The AWS adapter: EC2 GPU instances through boto3 (imported only when the adapter is used).
 
-``AwsProvisioner`` implements the cloud contract; ``metadata.interruption_notice`` runs on a node
-and reads the two-minute spot interruption notice from the instance metadata service.
+``AwsProvisioner`` implements the cloud contract; ``metadata.notice`` (the node's watcher) and
+``metadata.interruption_notice`` run on a node and read the two-minute spot interruption notice
+from the instance metadata service.
 """
 
 from provisioners.aws.provisioner import AwsConfig, AwsProvisioner

@@ -10,20 +10,20 @@ Any other end we did not ask for is ``NodeLost`` failed.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from provisioners.aws.sdk import CLOUD, error_for
 from provisioners.base import (
     Event,
     LaunchRequest,
-    Node,
     NodeLost,
     NodeReady,
     NodeState,
     PreemptionNotice,
     ProvisionerError,
 )
+from provisioners.tracker import Tracked
 
 GANG_TAG = "geo-orchestrator:gang"
 SPOT_MARKET = {
@@ -32,7 +32,6 @@ SPOT_MARKET = {
 }
 
 NOTICE_WINDOW_S = 120.0  # AWS's documented spot interruption notice
-ALIVE = frozenset({NodeState.PENDING, NodeState.RUNNING, NodeState.PREEMPTING})
 # spot request status codes: the instance is about to be interrupted
 NOTICE_CODES = frozenset({"marked-for-termination", "marked-for-stop", "marked-for-hibernation"})
 # spot request status codes: AWS interrupted the instance
@@ -53,15 +52,6 @@ SPOT_REASONS = frozenset({"Server.SpotInstanceTermination", "Server.SpotInstance
 GONE_STATES = frozenset({"shutting-down", "terminated", "stopping", "stopped"})
 
 
-@dataclass
-class Tracked:
-    """A launched node and what the adapter has already said about it (mutable bookkeeping)."""
-
-    node: Node
-    region: str
-    notice_sent: bool = False
-
-
 def infra_of(region: str, instance: dict[str, Any]) -> str:
     zone = instance.get("Placement", {}).get("AvailabilityZone")
     return "/".join(p for p in ("aws", region, zone) if p)
@@ -76,7 +66,8 @@ def transition(
     tracked: Tracked, instance: dict[str, Any] | None, spot_status: str | None, *, now_s: float
 ) -> list[Event]:
     """Update ``tracked`` from a fresh look at its instance (None: AWS no longer lists it) and its
-    spot request's status code; return the events that change means, notice before loss."""
+    spot request's status code; return the events that change means, notice before loss. Run it
+    through ``NodeTracker.update`` so that the change happens under the tracker's lock."""
     events: list[Event] = []
     node = tracked.node
     if spot_status in NOTICE_CODES and not tracked.notice_sent:

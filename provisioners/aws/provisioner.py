@@ -13,16 +13,15 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from provisioners.aws import firewall as job_firewall
 from provisioners.aws import hosting
 from provisioners.aws import offers as market
 from provisioners.aws.instances import (
-    ALIVE,
     GONE_STATES,
-    Tracked,
     infra_of,
     launched_at_s,
     location_of,
@@ -52,7 +51,6 @@ from provisioners.base import (
     LabelledVm,
     LaunchRequest,
     Node,
-    NodeLost,
     NodeReady,
     NodeState,
     Offer,
@@ -61,6 +59,7 @@ from provisioners.base import (
     poll_until_events,
 )
 from provisioners.bootstrap.script import aws_user_data, boot_data
+from provisioners.tracker import NodeTracker, Tracked
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +132,7 @@ class AwsProvisioner(Provisioner):
         self._session_factory = session_factory
         self._session: Any = None
         self._clients: dict[tuple[str, str], Any] = {}
-        self._tracked: dict[str, Tracked] = {}
-        self._pending: list[Event] = []
+        self._tracker = NodeTracker()  # the region to call for each node rides in its ``where``
         # facts that do not change while we run: GPU types per region, AMI per region, list prices
         self._gpu_types: dict[str, dict[str, market.GpuInstanceType]] = {}
         self._launched_types: dict[str, market.GpuInstanceType] = {}  # looked up at launch
@@ -293,8 +291,7 @@ class AwsProvisioner(Provisioner):
             raise
         nodes = [self._node(request, region, instance) for instance in running]
         for node in nodes:
-            self._tracked[node.node_id] = Tracked(node=node, region=region)
-            self._pending.append(NodeReady(node=node))
+            self._tracker.add(node, where=region, event=NodeReady(node=node))
         return nodes
 
     def _group(self, ec2: Any, region: str, firewall: Firewall) -> str:
@@ -380,7 +377,7 @@ class AwsProvisioner(Provisioner):
                 instance_type=request.instance_type, gpu=request.gpu,
                 gpus=self._gpus_per_node(region, request.instance_type), spot=request.spot, state=NodeState.PENDING, labels=request.labels,
             )  # fmt: skip
-            self._tracked[node_id] = Tracked(node=node, region=region)
+            self._tracker.add(node, where=region)
 
     def _gpus_per_node(self, region: str, instance_type: str) -> int:
         """From the offers' cache, or one describe_instance_types when launching before offers()."""
@@ -411,7 +408,7 @@ class AwsProvisioner(Provisioner):
 
     def nodes(self, *, gang: str | None = None) -> list[Node]:
         self._observe()
-        return [t.node for t in self._tracked.values() if gang is None or t.node.gang == gang]
+        return self._tracker.nodes(gang=gang)
 
     def labelled(self, key: str) -> list[LabelledVm]:
         found = []
@@ -460,30 +457,19 @@ class AwsProvisioner(Provisioner):
             self._terminate_in(region, ids)
 
     def terminate(self, node_ids: Sequence[str]) -> None:
-        by_region: dict[str, list[str]] = {}
-        for node_id in dict.fromkeys(node_ids):
-            tracked = self._tracked.get(node_id)
-            if tracked is None or tracked.node.state not in ALIVE:
-                log.debug("aws: %s is unknown or already gone; nothing to terminate", node_id)
-                continue
-            by_region.setdefault(tracked.region, []).append(node_id)
-        for region, ids in by_region.items():
-            self._terminate_in(region, ids)
-            for node_id in ids:
-                tracked = self._tracked[node_id]
-                tracked.node = replace(tracked.node, state=NodeState.TERMINATED)
-                self._pending.append(
-                    NodeLost(node_id=node_id, infra=tracked.node.infra, reason="terminated")
-                )
+        live = self._tracker.known(node_ids)
+        live_ids = {t.node.node_id for t in live}
+        for node_id in dict.fromkeys(i for i in node_ids if i not in live_ids):
+            log.debug("aws: %s is unknown or already gone; nothing to terminate", node_id)
+        for region, group in _by_where(live).items():
+            self._terminate_in(region, [t.node.node_id for t in group])
+            for tracked in group:
+                self._tracker.ended(tracked, state=NodeState.TERMINATED, reason="terminated")
 
     def relabel(self, node_ids: Sequence[str], labels: Mapping[str, str]) -> None:
-        by_region: dict[str, list[str]] = {}
-        for node_id in node_ids:
-            tracked = self._tracked.get(node_id)
-            if tracked is not None and tracked.node.state in ALIVE:
-                by_region.setdefault(tracked.region, []).append(node_id)
         tags = [{"Key": k, "Value": v} for k, v in labels.items()]
-        for region, ids in by_region.items():
+        for region, group in _by_where(self._tracker.known(node_ids)).items():
+            ids = [t.node.node_id for t in group]
             call(self._client("ec2", region), "create_tags", Resources=ids, Tags=tags)
 
     def _terminate_in(self, region: str, ids: Sequence[str]) -> None:
@@ -508,16 +494,11 @@ class AwsProvisioner(Provisioner):
 
     def _look(self) -> list[Event]:
         self._observe()
-        events, self._pending = self._pending, []
-        return events
+        return self._tracker.drain()
 
     def _observe(self) -> None:
         """One look at every live node; queue the events its changes mean."""
-        by_region: dict[str, list[Tracked]] = {}
-        for tracked in self._tracked.values():
-            if tracked.node.state in ALIVE:
-                by_region.setdefault(tracked.region, []).append(tracked)
-        for region, group in by_region.items():
+        for region, group in self._tracker.by_where().items():
             ec2 = self._client("ec2", region)
             ids = [t.node.node_id for t in group]
             statuses = self._spot_statuses(ec2, [t.node.node_id for t in group if t.node.spot])
@@ -525,8 +506,14 @@ class AwsProvisioner(Provisioner):
             now_s = time.time()
             for tracked in group:
                 node_id = tracked.node.node_id
-                self._pending += transition(
-                    tracked, instances.get(node_id), statuses.get(node_id), now_s=now_s
+                self._tracker.update(
+                    tracked,
+                    partial(
+                        transition,
+                        instance=instances.get(node_id),
+                        spot_status=statuses.get(node_id),
+                        now_s=now_s,
+                    ),
                 )
 
     def _spot_statuses(self, ec2: Any, ids: Sequence[str]) -> dict[str, str]:
@@ -586,3 +573,11 @@ class AwsProvisioner(Provisioner):
 
     def close(self) -> None:
         self._closed.set()
+
+
+def _by_where(group: Sequence[Tracked]) -> dict[str, list[Tracked]]:
+    """``group`` by the region each node is called in, in ``group``'s order."""
+    regions: dict[str, list[Tracked]] = {}
+    for tracked in group:
+        regions.setdefault(tracked.where, []).append(tracked)
+    return regions

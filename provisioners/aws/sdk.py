@@ -1,9 +1,10 @@
 """boto3 behind one door: the lazy import, every API call, and AWS errors turned into typed errors.
 
 Every call the adapter makes goes through ``call`` (or ``pages`` for paginated calls) so that an
-AWS error code becomes the error a caller can act on: capacity codes become ``CapacityError`` and
-limit codes ``QuotaError`` (both mean "try the next location"), rejected credentials become
-``CredentialsMissing`` and missing permissions name the IAM action. Messages pass through ``scrub``
+AWS error code becomes the error a caller can act on, as ``ERRORS`` (provisioners/error_map.py)
+declares: capacity codes become ``CapacityError`` and limit codes ``QuotaError`` (both mean "try
+the next location"), rejected credentials become ``CredentialsMissing`` and missing permissions
+name the IAM action. Messages pass through ``scrub``
 and the SDK's exception is not chained, so nothing secret rides along in a traceback.
 """
 
@@ -15,18 +16,11 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from provisioners.base import (
-    CapacityError,
-    CloudCallError,
-    CredentialsMissing,
-    ProvisionerError,
-    QuotaError,
-    SdkMissing,
-    scrub,
-)
+from provisioners.base import CloudCallError, CredentialsMissing, ProvisionerError, scrub
+from provisioners.error_map import ErrorMap, Match
+from provisioners.sdk_loader import load_sdk
 
 CLOUD = "aws"
-INSTALL_FIX = "pip install 'geo-orchestrator[aws]'  (installs boto3)"
 
 # The location has no capacity now; another zone, region or a later try may have some.
 CAPACITY_CODES = frozenset(
@@ -60,18 +54,41 @@ PERMISSION_CODES = frozenset(
 )
 
 
+def _iam_action(call: str) -> str:
+    """``describe_instances`` -> ``ec2:DescribeInstances`` (close enough to name the permission)."""
+    service, _, method = call.partition(".")
+    return f"{service}:{''.join(word.capitalize() for word in method.split('_'))}"
+
+
+ERRORS = ErrorMap(
+    cloud=CLOUD,
+    capacity=Match(codes=CAPACITY_CODES),
+    # the "...LimitExceeded" family is quota too; the ErrorMap tries throttles first, so
+    # RequestLimitExceeded stays a throttle
+    quota=Match(codes=QUOTA_CODES, code_suffixes=("LimitExceeded",)),
+    credentials=Match(codes=REJECTED_CREDENTIAL_CODES),
+    permission=Match(codes=PERMISSION_CODES),
+    throttle=Match(codes=THROTTLE_CODES),
+    fixes={
+        "capacity": "try another zone or region (or on-demand instead of spot), or try again later",
+        "quota": "ask for a higher quota in the Service Quotas console (EC2: 'Running On-Demand' "
+        "or 'All ... Spot Instance Requests' vCPUs for this instance family), or use another "
+        "region",
+        "credentials": "the credentials boto3 found were rejected: renew them (`aws sso login`, "
+        "new access keys via `aws configure`) or check that AWS_PROFILE names the right account",
+        "permission": lambda call: (
+            f"grant the IAM permission {_iam_action(call)} to the identity boto3 uses"
+        ),
+        "throttle": "AWS throttled the request: try again in a minute, or poll less often",
+        "other": "check the request (instance type, zone, AMI) against the message; retry if "
+        "transient",
+    },
+)
+
+
 def import_boto3() -> Any:
     """The boto3 module, or ``SdkMissing`` naming the extra that installs it."""
-    try:
-        import boto3
-    except ImportError:
-        raise SdkMissing(
-            "boto3 is not installed",
-            cloud=CLOUD,
-            call="import boto3",
-            fix=INSTALL_FIX,
-        ) from None
-    return boto3
+    return load_sdk("boto3", cloud=CLOUD, package="boto3", extra="aws")
 
 
 # What botocore's DEBUG logs carry beyond base.scrub's patterns: the session token header (in the
@@ -144,38 +161,9 @@ def credentials_missing(call: str) -> CredentialsMissing:
     return CredentialsMissing(looked, cloud=CLOUD, call=call, fix=fix)
 
 
-def _iam_action(call: str) -> str:
-    """``describe_instances`` -> ``ec2:DescribeInstances`` (close enough to name the permission)."""
-    service, _, method = call.partition(".")
-    return f"{service}:{''.join(word.capitalize() for word in method.split('_'))}"
-
-
 def error_for(code: str, message: str, *, call: str) -> ProvisionerError:
     """The typed error for AWS error ``code`` raised by ``call`` (``service.method``)."""
-    text = f"{code}: {message}"
-    if code in CAPACITY_CODES:
-        fix = "try another zone or region (or on-demand instead of spot), or try again later"
-        return CapacityError(text, cloud=CLOUD, call=call, fix=fix)
-    if code in QUOTA_CODES or (code.endswith("LimitExceeded") and code not in THROTTLE_CODES):
-        fix = (
-            "ask for a higher quota in the Service Quotas console (EC2: 'Running On-Demand' or "
-            "'All ... Spot Instance Requests' vCPUs for this instance family), or use another region"
-        )
-        return QuotaError(text, cloud=CLOUD, call=call, fix=fix)
-    if code in REJECTED_CREDENTIAL_CODES:
-        fix = (
-            "the credentials boto3 found were rejected: renew them (`aws sso login`, new access "
-            "keys via `aws configure`) or check that AWS_PROFILE names the right account"
-        )
-        return CredentialsMissing(text, cloud=CLOUD, call=call, fix=fix)
-    if code in PERMISSION_CODES:
-        fix = f"grant the IAM permission {_iam_action(call)} to the identity boto3 uses"
-        return CloudCallError(text, cloud=CLOUD, call=call, fix=fix)
-    if code in THROTTLE_CODES:
-        fix = "AWS throttled the request: try again in a minute, or poll less often"
-        return CloudCallError(text, cloud=CLOUD, call=call, fix=fix)
-    fix = "check the request (instance type, zone, AMI) against the message; retry if transient"
-    return CloudCallError(text, cloud=CLOUD, call=call, fix=fix)
+    return ERRORS.error(code, message, call=call)
 
 
 def translate(error: BaseException, *, call: str) -> ProvisionerError:
@@ -216,10 +204,14 @@ def pages(client: Any, method: str, key: str, **params: Any) -> Iterator[Any]:
             return
 
 
+# where ERRORS.error puts the code: "<what>[ in <where>]: [<code>] <message>"
+_CODE = re.compile(r"^[^:\[]*: \[([^\]\s]+)\]")
+
+
 def error_code(error: ProvisionerError) -> str:
-    """The AWS error code at the start of a translated error's message ('' if none)."""
-    head, sep, _ = error.message.partition(":")
-    return head if sep and " " not in head else ""
+    """The AWS error code of an error ``error_for`` made ('' if none)."""
+    found = _CODE.match(error.message)
+    return found.group(1) if found else ""
 
 
 def tags_of(instance: Mapping[str, Any]) -> dict[str, str]:

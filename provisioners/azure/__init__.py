@@ -4,7 +4,7 @@ gangs, eviction detection from instance views; ``metadata`` holds the on-node ev
 Importing this package does not import the Azure SDK; the adapter imports it when first used.
 """
 
+from provisioners.azure.instances import VmSettings
 from provisioners.azure.provisioner import AzureProvisioner, PriceSource
-from provisioners.azure.vm import VmSettings
 
 __all__ = ["AzureProvisioner", "PriceSource", "VmSettings"]

@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from provisioners.azure.errors import map_error
+from provisioners.azure.sdk import map_error
+
+# the network API version of every Microsoft.Network call (NICs, addresses, security groups)
+NETWORK_API_VERSION = "2023-11-01"
 
 
 def arm_call(

@@ -17,7 +17,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from provisioners.base import CredentialsMissing, SdkMissing
+from provisioners.azure.sdk import identity
+from provisioners.base import CredentialsMissing
 
 CALL = "check_credentials"
 SECRET_OR_CERT = ("AZURE_CLIENT_SECRET", "AZURE_CLIENT_CERTIFICATE_PATH")
@@ -143,13 +144,4 @@ def managed_identity_credential():
 
 
 def _identity(name: str):
-    try:
-        import azure.identity
-    except ImportError as error:
-        raise SdkMissing(
-            "azure-identity is not installed",
-            cloud="azure",
-            call="import",
-            fix="pip install 'geo-orchestrator[azure]'",
-        ) from error
-    return getattr(azure.identity, name)()
+    return getattr(identity(), name)()

@@ -30,9 +30,8 @@ import time
 import uuid
 from typing import Any
 
-from provisioners.azure.arm import arm_call
-from provisioners.azure.errors import CLOUD
-from provisioners.azure.network import NETWORK_API_VERSION
+from provisioners.azure.arm import NETWORK_API_VERSION, arm_call
+from provisioners.azure.sdk import CLOUD
 from provisioners.base import CloudCallError, Identities, ProvisionerError
 
 log = logging.getLogger(__name__)

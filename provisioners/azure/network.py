@@ -9,14 +9,9 @@ subnet, or the adapter's own virtual network there, hosting.py); it is created w
 networking, your own NIC builder) plugs in through the ``NicFactory`` protocol.
 
 A VM launched behind a job's firewall (``LaunchRequest.firewall``) also gets what a node of a
-job needs to be reached from another cloud, as on AWS and GCP:
-
-- a Standard static **public IP** of its own (``Microsoft.Network/publicIPAddresses``, deleted with
-  its NIC);
-- the job's **network security group** in its location, ``<firewall name>-<location>``
-  (``Microsoft.Network/networkSecurityGroups``): one inbound rule allowing the overlay's UDP port
-  from the firewall's sources; Azure's default rules deny every other inbound packet from the
-  internet and keep replies. ``open_overlay`` rewrites the rule in every location the job used.
+job needs to be reached from another cloud, as on AWS and GCP: a Standard static **public IP** of
+its own (``Microsoft.Network/publicIPAddresses``, deleted with its NIC), and its NIC goes behind the
+job's network security group in its location (firewall.py).
 """
 
 from __future__ import annotations
@@ -26,11 +21,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from provisioners.azure.arm import arm_call
+from provisioners.azure.arm import NETWORK_API_VERSION, arm_call
+from provisioners.azure.firewall import SecurityGroups
 from provisioners.base import CloudCallError, Firewall
-
-NETWORK_API_VERSION = "2023-11-01"
-OVERLAY_RULE_PRIORITY = 100  # ours first; Azure's defaults sit at 65000 and above
 
 
 class NicFactory(Protocol):
@@ -41,10 +34,6 @@ class NicFactory(Protocol):
     ) -> str:
         """Create the NIC (waiting until ARM has provisioned it) and return its resource id;
         behind ``firewall`` with a public IP of its own when one is given."""
-        ...
-
-    def open_overlay(self, firewall: Firewall) -> None:
-        """Make the job's security groups admit exactly ``firewall.sources``."""
         ...
 
     def address(self, name: str) -> str | None:
@@ -68,12 +57,12 @@ class ArmNics:
         subnet_for: Callable[[str], str],
         poll_interval_s: float,
         stop: threading.Event,
+        firewalls: SecurityGroups,
     ) -> None:
-        self._client, self._subnet_for = client, subnet_for
+        self._client, self._subnet_for, self._firewalls = client, subnet_for, firewalls
         self._group = f"/subscriptions/{subscription_id}/resourceGroups/{resource_group}"
         self._prefix = f"{self._group}/providers/Microsoft.Network/networkInterfaces/"
         self._poll_interval_s, self._stop = poll_interval_s, stop
-        self._groups: dict[tuple[str, str], str] = {}  # (firewall name, location) -> its id
 
     def nic_name(self, name: str) -> str:
         return f"{name}-nic"
@@ -85,67 +74,12 @@ class ArmNics:
         config: dict = {"subnet": subnet, "privateIPAllocationMethod": "Dynamic"}
         properties: dict = {"ipConfigurations": [{"name": "ipconfig1", "properties": config}]}
         if firewall is not None:
-            properties["networkSecurityGroup"] = {"id": self._security_group(firewall, location)}
+            properties["networkSecurityGroup"] = {"id": self._firewalls.ensure(firewall, location)}
             ip_id = self._public_ip(name, location, deadline_s)
             config["publicIPAddress"] = {"id": ip_id, "properties": {"deleteOption": "Delete"}}
         path = self._prefix + self.nic_name(name)
         self._provisioned(path, {"location": location, "properties": properties}, deadline_s)
         return path
-
-    def open_overlay(self, firewall: Firewall) -> None:
-        for name, location in list(self._groups):
-            if name == firewall.name:
-                self._security_group(firewall, location)
-
-    def _security_group(self, firewall: Firewall, location: str) -> str:
-        """The job's NSG in ``location``, its one rule as ``firewall`` says (PUT: made or set)."""
-        path = (
-            f"{self._group}/providers/Microsoft.Network/networkSecurityGroups/"
-            f"{firewall.name}-{location}"
-        )
-        rule = {
-            "name": "overlay",
-            "properties": {
-                "description": f"geo-orchestrator job {firewall.job}: WireGuard only",
-                "protocol": "Udp",
-                "sourcePortRange": "*",
-                "destinationPortRange": str(firewall.port),
-                # none yet: a rule must name a source; loopback admits nobody from outside
-                "sourceAddressPrefixes": list(firewall.cidrs()) or ["127.0.0.1/32"],
-                "destinationAddressPrefix": "*",
-                "access": "Allow",
-                "priority": OVERLAY_RULE_PRIORITY,
-                "direction": "Inbound",
-            },
-        }
-        body = {
-            "location": location,
-            "tags": {"geo-job": firewall.job},
-            "properties": {"securityRules": [rule]},
-        }
-        self._arm("PUT", path, body, call="networkSecurityGroups PUT")
-        self._groups[(firewall.name, location)] = path
-        return path
-
-    def drop_security_groups(self, job: str) -> tuple[list[str], list[str]]:
-        """Delete the job's security groups (found by their ``geo-job`` tag); (deleted, still on
-        NICs of VMs that are going)."""
-        from provisioners.base import ProvisionerError
-
-        base = f"{self._group}/providers/Microsoft.Network/networkSecurityGroups"
-        listed = self._arm("GET", base, call="networkSecurityGroups GET") or {}
-        dropped, in_use = [], []
-        for group in listed.get("value", []):
-            if (group.get("tags") or {}).get("geo-job") != job:
-                continue
-            try:
-                self._arm("DELETE", f"{base}/{group['name']}", call="networkSecurityGroups DELETE")
-                dropped.append(group["name"])
-            except ProvisionerError as error:
-                if "inuse" not in error.message.lower().replace(" ", ""):
-                    raise
-                in_use.append(group["name"])
-        return dropped, in_use
 
     def _public_ip(self, name: str, location: str, deadline_s: float) -> str:
         path = f"{self._group}/providers/Microsoft.Network/publicIPAddresses/{name}-ip"

@@ -17,7 +17,8 @@ from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from provisioners.base import CloudCallError, SdkMissing, scrub
+from provisioners.azure.sdk import core
+from provisioners.base import CloudCallError, scrub
 
 PRICES_URL = "https://prices.azure.com/api/retail/prices"
 NAMES_PER_QUERY = 10  # sizes per request: keeps the $filter (and URL) well under limits
@@ -117,16 +118,8 @@ class RetailPrices:
 
     def _pipeline(self) -> Any:
         if self._client is None:
-            try:
-                from azure.core import PipelineClient
-            except ImportError as error:
-                raise SdkMissing(
-                    "azure-core is not installed",
-                    cloud="azure",
-                    call="retail prices",
-                    fix="pip install 'geo-orchestrator[azure]'",
-                ) from error
-            self._client = PipelineClient(base_url=self.endpoint, **self._client_kwargs)
+            pipeline = core().PipelineClient
+            self._client = pipeline(base_url=self.endpoint, **self._client_kwargs)
         return self._client
 
 

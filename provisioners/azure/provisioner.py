@@ -8,7 +8,9 @@ succeeded and its instance view says ``PowerState/running``, and deletes them al
 ``poll_events`` reads each live VM's instance view once per round: a vanished Spot VM (eviction
 policy Delete) or a deallocated one (Deallocate) is ``NodeLost(reason="preempted")``.
 
-The SDK is imported only inside methods, so this module imports without it.
+Launched nodes are tracked by ``provisioners.tracker.NodeTracker`` (each with its eviction policy
+and whether its VM was created, in ``Tracked.extra``). The SDK is imported only inside methods
+(sdk.py), so this module imports without it.
 """
 
 from __future__ import annotations
@@ -18,9 +20,8 @@ import logging
 import os
 import threading
 import time
-from collections import deque
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 from provisioners.azure.credentials import (
@@ -29,12 +30,9 @@ from provisioners.azure.credentials import (
     require_credential,
     require_subscription,
 )
-from provisioners.azure.errors import CLOUD, from_code, map_error
+from provisioners.azure.firewall import SecurityGroups
 from provisioners.azure.hosting import Hosting
-from provisioners.azure.network import ArmNics, NicFactory
-from provisioners.azure.prices import PRICES_URL, PriceSource, RetailPrices
-from provisioners.azure.skus import GpuSize, gpu_sizes, offers_of
-from provisioners.azure.vm import (
+from provisioners.azure.instances import (
     VmSettings,
     VmStatus,
     has_tag,
@@ -46,6 +44,10 @@ from provisioners.azure.vm import (
     vm_body,
     vm_name,
 )
+from provisioners.azure.network import ArmNics, NicFactory
+from provisioners.azure.offers import GpuSize, gpu_sizes, offers_of
+from provisioners.azure.prices import PRICES_URL, PriceSource, RetailPrices
+from provisioners.azure.sdk import CLOUD, compute_client, exceptions, from_code, map_error, mapped
 from provisioners.base import (
     BOOTSTRAP_INSTALL_S,
     GPU_VM_BOOT_S,
@@ -58,29 +60,20 @@ from provisioners.base import (
     LabelledVm,
     LaunchRequest,
     Node,
-    NodeLost,
     NodeReady,
     NodeState,
     Offer,
     Provisioner,
     ProvisionerError,
-    SdkMissing,
     poll_until_events,
     scrub,
 )
 from provisioners.bootstrap.script import azure_custom_data, boot_data
+from provisioners.tracker import NodeTracker, Tracked
 
 log = logging.getLogger(__name__)
-SDK_FIX = "pip install 'geo-orchestrator[azure]'"
-
-
-@dataclass
-class _Tracked:
-    """A node this provisioner created, with what it needs to watch and delete it."""
-
-    node: Node
-    eviction_policy: str
-    vm_created: bool = False  # the create PUT was accepted (so deleting the VM deletes the NIC)
+# Tracked.extra of a node: "eviction_policy" (Delete or Deallocate: what an eviction leaves) and
+# "vm_created" (the create PUT was accepted, so deleting the VM deletes the NIC)
 
 
 class AzureProvisioner(Provisioner):
@@ -98,7 +91,7 @@ class AzureProvisioner(Provisioner):
         "Azure Resource Graph (SpotResources), not in the compute API",
         Feature.PREEMPTION_NOTICE: "Azure announces an eviction (~30 s ahead) only to the VM "
         "itself through Scheduled Events; the control plane sees only the loss. Run "
-        "provisioners.azure.metadata.preemption_notice on the node instead",
+        "provisioners.azure.metadata.notice on the node instead (its watcher does)",
     }
 
     def __init__(
@@ -131,16 +124,16 @@ class AzureProvisioner(Provisioner):
         )
         self._client: Any = None
         self._host: Hosting | None = None
-        self._tracked: dict[str, _Tracked] = {}
+        self._groups: SecurityGroups | None = None
+        self._nodes = NodeTracker()
         self._gpus_by_size: dict[str, int] = {}
-        self._events: deque[Event] = deque()
-        self._lock = threading.Lock()
+        self._settings_lock = threading.Lock()  # the throwaway login key is made once
         self._stop = threading.Event()  # set by close(); interrupts every wait
 
     def _vm_settings(self) -> VmSettings:
         """The VM settings with a login key: ARM refuses a Linux VM with neither key nor
         password, so without one a throwaway key is made at the first launch."""
-        with self._lock:
+        with self._settings_lock:
             if self.vm.ssh_public_key is None:
                 self.vm = dataclasses.replace(self.vm, ssh_public_key=throwaway_public_key())
             return self.vm
@@ -150,15 +143,10 @@ class AzureProvisioner(Provisioner):
     def _compute(self) -> Any:
         if self._client is None:
             subscription = require_subscription(self._subscription_id)
-            try:
-                from azure.mgmt.compute import ComputeManagementClient
-            except ImportError as error:
-                raise SdkMissing(
-                    "azure-mgmt-compute is not installed", cloud=CLOUD, call="import", fix=SDK_FIX
-                ) from error
+            client = compute_client()
             credential = self._credential or default_credential()
             self._credential_in_use = credential  # the hosting calls read its principal
-            self._client = ComputeManagementClient(credential, subscription, **self._client_kwargs)
+            self._client = client(credential, subscription, **self._client_kwargs)
         return self._client
 
     def _nics(self) -> NicFactory:
@@ -172,8 +160,18 @@ class AzureProvisioner(Provisioner):
                 subnet_for=(lambda _: given) if given else self._hosting().ensure_subnet,
                 poll_interval_s=self.poll_interval_s,
                 stop=self._stop,
+                firewalls=self._firewalls(),
             )
         return self._nic_factory
+
+    def _firewalls(self) -> SecurityGroups:
+        if self._groups is None:
+            self._groups = SecurityGroups(
+                self._compute(),
+                subscription_id=require_subscription(self._subscription_id),
+                resource_group=self.resource_group,
+            )
+        return self._groups
 
     def _hosting(self) -> Hosting:
         if self._host is None:
@@ -233,7 +231,7 @@ class AzureProvisioner(Provisioner):
         # a CPU VM (a job's controller) has no GPU to look up among the GPU sizes
         gpus = self._gpus_per_node(request.instance_type, region) if request.gpu else 0
         deadline_s = time.monotonic() + request.timeout_s
-        gang: list[_Tracked] = []
+        gang: list[Tracked] = []
         try:
             pollers = {}
             for index in range(request.count):
@@ -252,36 +250,29 @@ class AzureProvisioner(Provisioner):
         except BaseException:  # all or nothing, whatever stopped us (errors, timeout, Ctrl-C)
             self._cleanup(gang)
             raise
-        self._events.extend(NodeReady(node=node) for node in ready)
+        self._nodes.emit(*(NodeReady(node=node) for node in ready))
         log.info("azure: gang %s running: %s", request.gang, [n.node_id for n in ready])
         return ready
 
     def nodes(self, *, gang: str | None = None) -> list[Node]:
         # current states: a look at the live nodes, whose losses wait for poll_events
-        self._events.extend(self._check_live_nodes())
-        with self._lock:
-            return [t.node for t in self._tracked.values() if gang is None or t.node.gang == gang]
+        self._check_live_nodes()
+        return self._nodes.nodes(gang=gang)
 
     def labelled(self, key: str) -> list[LabelledVm]:
         """The VMs of this provisioner's resource group that carry tag ``key``, whoever made
         them (virtual_machines.list)."""
-        from azure.core.exceptions import AzureError
-
-        try:
+        with mapped(call="virtual_machines.list", where=self.resource_group):
             # with each VM's power state: one that powered itself off is stopped, still billed
             listed = self._compute().virtual_machines.list(
                 self.resource_group, expand="instanceView"
             )
             vms = list(listed)
-        except AzureError as error:
-            raise map_error(
-                error, call="virtual_machines.list", where=self.resource_group
-            ) from error
         return [labelled_vm(vm) for vm in vms if has_tag(vm, key, self.locations)]
 
     def terminate_labelled(self, vms: Sequence[LabelledVm]) -> None:
         gone = [
-            _Tracked(
+            Tracked(
                 node=Node(
                     node_id=vm.node_id,
                     gang="",
@@ -292,18 +283,17 @@ class AzureProvisioner(Provisioner):
                     spot=True,
                     state=vm.state,
                 ),  # fmt: skip
-                eviction_policy="Delete",
-                vm_created=True,
+                extra={"eviction_policy": "Delete", "vm_created": True},
             )
             for vm in vms
         ]
         self._delete(gone, reason="a sweep of labelled VMs")
 
     def open_overlay(self, firewall: Firewall) -> None:
-        self._nics().open_overlay(firewall)
+        self._firewalls().open_overlay(firewall)
 
     def drop_firewalls(self, job: str) -> tuple[list[str], list[str]]:
-        return self._nics().drop_security_groups(job)
+        return self._firewalls().drop(job)
 
     def address_of(self, name: str) -> str | None:
         """The public (else private) address of VM ``name`` of the resource group."""
@@ -319,8 +309,7 @@ class AzureProvisioner(Provisioner):
         return self._hosting().ensure_identities(bucket_url)
 
     def relabel(self, node_ids: Sequence[str], labels: Mapping[str, str]) -> None:
-        with self._lock:
-            known = [self._tracked[i].node for i in node_ids if i in self._tracked]
+        known = [t.node for t in self._nodes.known(node_ids, alive_only=False)]
         self.relabel_labelled(
             [
                 LabelledVm(n.node_id, n.infra, n.instance_type, n.state, tags_of(n.gang, n.labels))
@@ -331,24 +320,17 @@ class AzureProvisioner(Provisioner):
 
     def relabel_labelled(self, vms: Sequence[LabelledVm], labels: Mapping[str, str]) -> None:
         """Merge ``labels`` into each VM's tags (a PATCH of the VM: its other tags stay)."""
-        from azure.core.exceptions import AzureError
-
         for vm in vms:
-            try:
+            with mapped(call="virtual_machines.begin_update", where=vm.node_id):
                 self._compute().virtual_machines.begin_update(
                     self.resource_group,
                     vm.node_id,
                     {"tags": {**vm.labels, **labels}},
                     polling_interval=self.poll_interval_s,
                 ).result()
-            except AzureError as error:
-                raise map_error(
-                    error, call="virtual_machines.begin_update", where=vm.node_id
-                ) from error
 
     def terminate(self, node_ids: Sequence[str]) -> None:
-        with self._lock:
-            known = [self._tracked[i] for i in node_ids if i in self._tracked]
+        known = self._nodes.known(node_ids, alive_only=False)
         self._delete([t for t in known if t.node.state != NodeState.TERMINATED], reason="terminate")
 
     def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
@@ -357,10 +339,8 @@ class AzureProvisioner(Provisioner):
         )
 
     def _look(self) -> list[Event]:
-        events: list[Event] = []
-        while self._events:
-            events.append(self._events.popleft())
-        return events + self._check_live_nodes()
+        self._check_live_nodes()  # its losses queue after what was queued before
+        return self._nodes.drain()
 
     def close(self) -> None:
         self._stop.set()
@@ -370,16 +350,12 @@ class AzureProvisioner(Provisioner):
     # ---- offers ----------------------------------------------------------------------------------
 
     def _list_skus(self, locations: Sequence[str] | None) -> list[Any]:
-        from azure.core.exceptions import AzureError
-
         skus = self._compute().resource_skus
-        try:
+        where = ", ".join(locations) if locations else "all locations"
+        with mapped(call="resource_skus.list", where=where):
             if locations is None:
                 return list(skus.list())
             return [s for loc in locations for s in skus.list(filter=f"location eq '{loc}'")]
-        except AzureError as error:
-            where = ", ".join(locations) if locations else "all locations"
-            raise map_error(error, call="resource_skus.list", where=where) from error
 
     # ---- launch ----------------------------------------------------------------------------------
 
@@ -408,7 +384,7 @@ class AzureProvisioner(Provisioner):
             )
         return self._gpus_by_size[size]
 
-    def _cleanup(self, gang: list[_Tracked]) -> None:
+    def _cleanup(self, gang: list[Tracked]) -> None:
         """Delete a failed gang; a failure to clean up is logged, the launch error is raised."""
         try:
             self._delete(gang, reason="launch failed")
@@ -417,7 +393,7 @@ class AzureProvisioner(Provisioner):
 
     def _track(
         self, request: LaunchRequest, region: str, zone: str | None, index: int, gpus: int
-    ) -> _Tracked:
+    ) -> Tracked:
         name = vm_name(request.gang, index)
         node = Node(
             node_id=name,
@@ -431,14 +407,13 @@ class AzureProvisioner(Provisioner):
             launched_at_s=time.time(),
             labels=request.labels,
         )
-        tracked = _Tracked(node=node, eviction_policy=self.vm.eviction_policy)
-        with self._lock:
-            self._tracked[name] = tracked
-        return tracked
+        return self._nodes.add(
+            node, where=region, eviction_policy=self.vm.eviction_policy, vm_created=False
+        )
 
     def _create(
         self,
-        tracked: _Tracked,
+        tracked: Tracked,
         region: str,
         zone: str | None,
         request: LaunchRequest,
@@ -447,8 +422,6 @@ class AzureProvisioner(Provisioner):
         custom_data: str | None,
     ) -> Any:
         """Create the NIC and start the VM create; returns the operation's poller."""
-        from azure.core.exceptions import AzureError
-
         name = tracked.node.node_id
         nic_id = self._nics().create(
             name=name, location=region, deadline_s=deadline_s, firewall=request.firewall
@@ -466,19 +439,15 @@ class AzureProvisioner(Provisioner):
             custom_data=custom_data,
             identity=request.identity,
         )
-        try:
+        with mapped(call="virtual_machines.begin_create_or_update", where=request.infra):
             poller = self._compute().virtual_machines.begin_create_or_update(
                 self.resource_group, name, body, polling_interval=self.poll_interval_s
             )
-        except AzureError as error:
-            raise map_error(
-                error, call="virtual_machines.begin_create_or_update", where=request.infra
-            ) from error
-        tracked.vm_created = True
+        tracked.extra["vm_created"] = True
         return poller
 
     def _wait_running(
-        self, gang: list[_Tracked], pollers: dict[str, Any], deadline_s: float, infra: str
+        self, gang: list[Tracked], pollers: dict[str, Any], deadline_s: float, infra: str
     ) -> None:
         """Poll until every VM's create succeeded and it runs; typed error at the first failure."""
         waiting = {t.node.node_id for t in gang}
@@ -499,18 +468,12 @@ class AzureProvisioner(Provisioner):
             self._stop.wait(self.poll_interval_s)
 
     def _vm_ready(self, name: str, pollers: dict[str, Any], infra: str) -> bool:
-        from azure.core.exceptions import AzureError
-
         poller = pollers.get(name)
         if poller is not None:
             if not poller.done():
                 return False
-            try:
+            with mapped(call="virtual_machines.begin_create_or_update", where=infra):
                 poller.result()  # raises the operation's error (e.g. ZonalAllocationFailed)
-            except AzureError as error:
-                raise map_error(
-                    error, call="virtual_machines.begin_create_or_update", where=infra
-                ) from error
             pollers.pop(name)
         status = self._status(name)
         if status is None:
@@ -527,35 +490,30 @@ class AzureProvisioner(Provisioner):
             )
         return status.running
 
-    def _mark_running(self, tracked: _Tracked) -> Node:
+    def _mark_running(self, tracked: Tracked) -> Node:
         address = self._nics().address(tracked.node.node_id)
-        with self._lock:
-            tracked.node = replace(tracked.node, state=NodeState.RUNNING, address=address)
-            return tracked.node
+        return self._nodes.update(tracked, state=NodeState.RUNNING, address=address)
 
-    def _delete(self, gang: list[_Tracked], *, reason: str) -> None:
+    def _delete(self, gang: list[Tracked], *, reason: str) -> None:
         """Delete these VMs (their NICs with them); missing ones are fine. Errors are raised only
         after every delete was attempted, so one failure does not leave the rest running."""
-        from azure.core.exceptions import AzureError, ResourceNotFoundError
-
+        errors = exceptions()
         failures = []
         for tracked in gang:
             name = tracked.node.node_id
             try:
-                if tracked.vm_created:
+                if tracked.extra["vm_created"]:
                     self._compute().virtual_machines.begin_delete(
                         self.resource_group, name, polling_interval=self.poll_interval_s
                     )
                 else:  # no VM took the NIC: delete it directly
                     self._nics().delete(name)
-            except ResourceNotFoundError:
+            except errors.ResourceNotFoundError:
                 pass  # already gone: exactly what we wanted
-            except (AzureError, ProvisionerError) as error:
+            except (errors.AzureError, ProvisionerError) as error:
                 failures.append((name, error))
                 continue
-            with self._lock:
-                if tracked.node.state != NodeState.LOST:
-                    tracked.node = replace(tracked.node, state=NodeState.TERMINATED)
+            self._nodes.update(tracked, _terminated)
             log.info("azure: deleting VM %s (%s)", name, reason)
         if failures:
             name, error = failures[0]
@@ -567,33 +525,31 @@ class AzureProvisioner(Provisioner):
 
     def _status(self, name: str) -> VmStatus | None:
         """The VM's instance view, or None if the VM does not exist (any more)."""
-        from azure.core.exceptions import AzureError, ResourceNotFoundError
-
-        try:
-            view = self._compute().virtual_machines.instance_view(self.resource_group, name)
-        except ResourceNotFoundError:
-            return None
-        except AzureError as error:
-            raise map_error(error, call="virtual_machines.instance_view", where=name) from error
+        with mapped(call="virtual_machines.instance_view", where=name):
+            try:
+                view = self._compute().virtual_machines.instance_view(self.resource_group, name)
+            except exceptions().ResourceNotFoundError:
+                return None
         return read_status(view.get("statuses"))
 
-    def _check_live_nodes(self) -> list[Event]:
-        with self._lock:
-            live = [t for t in self._tracked.values() if t.node.state == NodeState.RUNNING]
-        events: list[Event] = []
+    def _check_live_nodes(self) -> None:
+        """Look at each running node once; a lost one is LOST and its NodeLost queued."""
+        live = [t for t in self._nodes.tracked() if t.node.state == NodeState.RUNNING]
         for tracked in live:
             try:
                 status = self._status(tracked.node.node_id)
             except CloudCallError as error:  # a passing ARM hiccup: look again next round
                 log.warning("azure: could not read %s: %s", tracked.node.node_id, scrub(str(error)))
                 continue
-            reason = loss_reason(tracked.node.spot, tracked.eviction_policy, status)
+            reason = loss_reason(tracked.node.spot, tracked.extra["eviction_policy"], status)
             if reason is None:
                 continue
-            with self._lock:
-                tracked.node = replace(tracked.node, state=NodeState.LOST)
+            self._nodes.ended(tracked, state=NodeState.LOST, reason=reason)
             log.info("azure: node %s lost (%s)", tracked.node.node_id, reason)
-            events.append(
-                NodeLost(node_id=tracked.node.node_id, infra=tracked.node.infra, reason=reason)
-            )
-        return events
+
+
+def _terminated(tracked: Tracked) -> tuple[()]:
+    """Deleted: TERMINATED, unless already LOST (a preemption stays one); no event."""
+    if tracked.node.state != NodeState.LOST:
+        tracked.node = replace(tracked.node, state=NodeState.TERMINATED)
+    return ()

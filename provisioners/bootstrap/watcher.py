@@ -15,15 +15,12 @@ through the GCS: Ray stops placing work there, and the driver sees the notice as
 from __future__ import annotations
 
 import argparse
-import calendar
-import json
+import importlib
 import logging
 import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -43,66 +40,24 @@ class Notice:
     text: str
 
 
-def _get(url: str, headers: dict[str, str], *, method: str = "GET") -> tuple[int, bytes]:
-    request = urllib.request.Request(url, headers=headers, method=method)
-    try:
-        with urllib.request.urlopen(request, timeout=METADATA_TIMEOUT_S) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, b""
+def _cloud_notice(cloud: str) -> Callable[[], Notice | None]:
+    """The cloud adapter's own reader of its metadata service (``provisioners/<cloud>/metadata.py``,
+    standard library only: one implementation per cloud), imported on the first look. Its notice
+    has the ``deadline_s`` and ``text`` of ``Notice``."""
 
+    def read() -> Notice | None:
+        module = importlib.import_module(f"provisioners.{cloud}.metadata")
+        return module.notice(timeout_s=METADATA_TIMEOUT_S)
 
-def aws_notice() -> Notice | None:
-    """EC2's spot ``instance-action`` (IMDSv2: a session token first); 404 while none."""
-    status, token = _get(
-        "http://169.254.169.254/latest/api/token",
-        {"X-aws-ec2-metadata-token-ttl-seconds": "60"},
-        method="PUT",
-    )
-    status, text = _get(
-        "http://169.254.169.254/latest/meta-data/spot/instance-action",
-        {"X-aws-ec2-metadata-token": token.decode()},
-    )
-    if status != 200:
-        return None
-    # {"action": "terminate", "time": "2026-11-25T17:00:00Z"}: two minutes' notice
-    action = json.loads(text)
-    when = calendar.timegm(time.strptime(action["time"], "%Y-%m-%dT%H:%M:%SZ"))
-    return Notice(deadline_s=when, text=f"EC2 spot {action['action']}")
-
-
-def gcp_notice() -> Notice | None:
-    """GCE's ``preempted`` flag: TRUE once the 30 s notice has begun (the metadata server's
-    address rather than metadata.google.internal: no name to resolve, as GCE documents both)."""
-    status, text = _get(
-        "http://169.254.169.254/computeMetadata/v1/instance/preempted",
-        {"Metadata-Flavor": "Google"},
-    )
-    if status == 200 and text.strip() == b"TRUE":
-        return Notice(deadline_s=time.time() + 30.0, text="GCE preemption")
-    return None
-
-
-def azure_notice() -> Notice | None:
-    """Azure's scheduled events: a ``Preempt`` event for this VM, with its ``NotBefore``."""
-    status, text = _get(
-        "http://169.254.169.254/metadata/scheduledevents?api-version=2020-07-01",
-        {"Metadata": "true"},
-    )
-    if status != 200:
-        return None
-    for event in json.loads(text).get("Events", []):
-        if event.get("EventType") == "Preempt":
-            when = calendar.timegm(time.strptime(event["NotBefore"], "%a, %d %b %Y %H:%M:%S GMT"))
-            return Notice(deadline_s=when, text="Azure spot eviction")
-    return None
+    read.__name__ = f"{cloud}_notice"
+    return read
 
 
 NOTICE_SOURCES: dict[str, Callable[[], Notice | None] | None] = {
     "none": None,  # the local cloud drains its nodes itself
-    "aws": aws_notice,
-    "gcp": gcp_notice,
-    "azure": azure_notice,
+    "aws": _cloud_notice("aws"),  # EC2's spot instance-action (IMDSv2): two minutes ahead
+    "gcp": _cloud_notice("gcp"),  # GCE's instance/preempted: 30 s ahead
+    "azure": _cloud_notice("azure"),  # Azure's Scheduled Events, a Preempt event: ~30 s ahead
 }
 
 
@@ -217,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shutdown-command", required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s watcher: %(message)s")
+    if args.notice_source != "none":  # a reader that cannot import fails the boot, not a tick
+        importlib.import_module(f"provisioners.{args.notice_source}.metadata")
     joined = overlay_node.load(Path(args.state_dir))
     watcher = Watcher(
         joined,

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from provisioners.base import CredentialsMissing
-from provisioners.gcp import errors, sdk
+from provisioners.gcp import sdk
 
 
 class ComputeApi:
@@ -45,7 +45,7 @@ class ComputeApi:
                 "server)",
                 cloud=sdk.CLOUD,
                 call="google.auth.default",
-                fix=errors.PROJECT_FIX,
+                fix=sdk.PROJECT_FIX,
             )
         self._auth = (credentials, project)
         return self._auth

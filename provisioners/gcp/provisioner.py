@@ -1,12 +1,13 @@
 """``GcpProvisioner``: GPU VMs on Google Compute Engine through google-cloud-compute (REST).
 
-- offers: see ``market``.
+- offers: see ``offers``.
 - launch: ``instances.insert`` per node (SPOT scheduling for spot), then the zone operations are
   polled to DONE and the instances to RUNNING within ``request.timeout_s``; any failure deletes
   every instance of the gang that was inserted, then raises the typed error.
 - events: each ``poll_events`` call lists our instances and the zone's
   ``compute.instances.preempted`` operations: RUNNING -> NodeReady, preempted -> NodeLost
-  ("preempted"), vanished or stopped without a preemption -> NodeLost ("failed").
+  ("preempted"), vanished or stopped without a preemption -> NodeLost ("failed"). The nodes, their
+  zones and the queued events live in a ``provisioners.tracker.NodeTracker``.
 
 Credentials come only from google-auth's standard chain (``google.auth.default()``); tests may
 inject ``credentials`` and ``client_options`` to point the real client at a local fake.
@@ -14,7 +15,6 @@ inject ``credentials`` and ``client_options`` to point the real client at a loca
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import time
@@ -34,7 +34,6 @@ from provisioners.base import (
     LabelledVm,
     LaunchRequest,
     Node,
-    NodeLost,
     NodeReady,
     NodeState,
     Offer,
@@ -43,8 +42,8 @@ from provisioners.base import (
     poll_until_events,
 )
 from provisioners.bootstrap.script import boot_data, gcp_metadata
-from provisioners.gcp import errors, hosting, pricing, sdk
 from provisioners.gcp import firewall as job_firewall
+from provisioners.gcp import hosting, pricing, sdk
 from provisioners.gcp.api import ComputeApi
 from provisioners.gcp.catalog import gpus_for, last_segment
 from provisioners.gcp.instances import (
@@ -58,7 +57,8 @@ from provisioners.gcp.instances import (
     sanitize_labels,
 )
 from provisioners.gcp.labels import set_labels
-from provisioners.gcp.market import Market, MarketOptions
+from provisioners.gcp.offers import Market, MarketOptions
+from provisioners.tracker import NodeTracker, Tracked
 
 _LOG = logging.getLogger(__name__)
 CLOUD = "gcp"
@@ -66,7 +66,6 @@ DEFAULT_IMAGE = (
     "projects/deeplearning-platform-release/global/images/family/common-cu124-debian-11-py310"
 )
 PREEMPTED_FILTER = 'operationType="compute.instances.preempted"'
-_LIVE = (NodeState.PENDING, NodeState.RUNNING, NodeState.PREEMPTING)
 _DEAD_STATUSES = ("STOPPED", "TERMINATED", "SUSPENDED")
 
 
@@ -154,9 +153,7 @@ class GcpProvisioner(Provisioner):
             project=project, credentials=credentials, client_options=client_options
         )
         self._market = Market(self._api, self.options.market)
-        self._nodes: dict[str, Node] = {}
-        self._events: list[Event] = []
-        self._lock = threading.Lock()
+        self._tracker = NodeTracker()  # the nodes (``where``: their zone) and queued events
         self._stop = threading.Event()
 
     @classmethod
@@ -234,8 +231,8 @@ class GcpProvisioner(Provisioner):
             for i in range(request.count)
         ]
         infra = f"{CLOUD}/{region}/{zone}"
-        for spec in specs:
-            self._track(
+        tracked = [
+            self._tracker.add(
                 Node(
                     node_id=spec.name,
                     gang=request.gang,
@@ -247,8 +244,11 @@ class GcpProvisioner(Provisioner):
                     state=NodeState.PENDING,
                     launched_at_s=time.time(),
                     labels=labels,
-                )
+                ),
+                where=zone,
             )
+            for spec in specs
+        ]
         deadline = time.monotonic() + request.timeout_s
         inserted: list[str] = []
         try:
@@ -258,18 +258,18 @@ class GcpProvisioner(Provisioner):
             running = self._wait_running(zone, [s.name for s in specs], deadline)
         except ProvisionerError:
             self._delete_all(zone, inserted)
-            self._mark([s.name for s in specs], NodeState.TERMINATED)
+            for one in tracked:
+                self._tracker.ended(one, state=NodeState.TERMINATED)
             raise
-        nodes = []
-        for spec in specs:
-            node = dataclasses.replace(
-                self._nodes[spec.name],
+        return [
+            self._tracker.update(
+                one,
+                _ready,
                 state=NodeState.RUNNING,
-                address=address_of(running[spec.name]),
+                address=address_of(running[one.node.node_id]),
             )
-            self._track(node, event=NodeReady(node=node))
-            nodes.append(node)
-        return nodes
+            for one in tracked
+        ]
 
     def _behind(self, firewall: Firewall | None) -> tuple[str, ...]:
         """The network tag of the job's firewall rule, made (or set) before its VMs exist."""
@@ -348,7 +348,7 @@ class GcpProvisioner(Provisioner):
                     project=self.project, zone=zone, operation=name
                 ),
             )
-        failure = errors.from_operation(operation, call="instances.insert", where=zone)
+        failure = sdk.from_operation(operation, call="instances.insert", where=zone)
         if failure is not None:
             raise failure
 
@@ -393,22 +393,17 @@ class GcpProvisioner(Provisioner):
     # ---- nodes, terminate, events ---------------------------------------------------------------
 
     def nodes(self, *, gang: str | None = None) -> list[Node]:
-        with self._lock:
-            return [n for n in self._nodes.values() if gang is None or n.gang == gang]
+        return self._tracker.nodes(gang=gang)
 
     def terminate(self, node_ids: Sequence[str]) -> None:
-        for node_id in node_ids:
-            node = self._nodes.get(node_id)
-            if node is None or node.state in (NodeState.TERMINATED, NodeState.LOST):
-                continue  # unknown or already gone: nothing to do (idempotent)
-            self._delete(_zone_of(node), node_id)
-            self._mark([node_id], NodeState.TERMINATED)
+        # only live ones: unknown or already gone needs nothing (idempotent)
+        for tracked in self._tracker.known(node_ids):
+            self._delete(tracked.where, tracked.node.node_id)
+            self._tracker.ended(tracked, state=NodeState.TERMINATED)
 
     def relabel(self, node_ids: Sequence[str], labels: Mapping[str, str]) -> None:
-        for node_id in node_ids:
-            node = self._nodes.get(node_id)
-            if node is not None and node.state not in (NodeState.TERMINATED, NodeState.LOST):
-                set_labels(self._api, zone=_zone_of(node), name=node_id, labels=labels)
+        for tracked in self._tracker.known(node_ids):
+            set_labels(self._api, zone=tracked.where, name=tracked.node.node_id, labels=labels)
 
     def drop_firewalls(self, job: str) -> tuple[list[str], list[str]]:
         return job_firewall.drop(self._api, job=job), []
@@ -419,7 +414,7 @@ class GcpProvisioner(Provisioner):
 
     def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
         return poll_until_events(
-            lambda: self._drain() or self._refresh(),
+            lambda: self._tracker.drain() or self._refresh(),
             timeout_s=timeout_s,
             interval_s=self.options.poll_interval_s,
             stop=self._stop,
@@ -430,11 +425,7 @@ class GcpProvisioner(Provisioner):
 
     def _refresh(self) -> list[Event]:
         """One look at the cloud for every zone where we have live nodes."""
-        by_zone: dict[str, list[Node]] = {}
-        for node in self.nodes():
-            if node.state in _LIVE:
-                by_zone.setdefault(_zone_of(node), []).append(node)
-        for zone, nodes in by_zone.items():
+        for zone, tracked in self._tracker.by_where().items():
             instances = {
                 i.name: i
                 for i in self._api.call(
@@ -467,28 +458,21 @@ class GcpProvisioner(Provisioner):
                     ),
                 )
             }
-            for node in nodes:
-                self._observe(node, instances.get(node.node_id), node.node_id in preempted)
-        return self._drain()
+            for one in tracked:
+                node_id = one.node.node_id
+                self._observe(one, instances.get(node_id), node_id in preempted)
+        return self._tracker.drain()
 
-    def _observe(self, node: Node, instance: Any, preempted: bool) -> None:
+    def _observe(self, tracked: Tracked, instance: Any, preempted: bool) -> None:
         """Update one node from what the cloud shows and queue the event it implies."""
-        infra = node.infra
         if preempted:
-            self._mark(
-                [node.node_id],
-                NodeState.LOST,
-                NodeLost(node_id=node.node_id, infra=infra, reason="preempted"),
-            )
+            self._tracker.ended(tracked, state=NodeState.LOST, reason="preempted")
         elif instance is None or instance.status in _DEAD_STATUSES:
-            self._mark(
-                [node.node_id],
-                NodeState.LOST,
-                NodeLost(node_id=node.node_id, infra=infra, reason="failed"),
+            self._tracker.ended(tracked, state=NodeState.LOST, reason="failed")
+        elif instance.status == "RUNNING" and tracked.node.state == NodeState.PENDING:
+            self._tracker.update(
+                tracked, _ready, state=NodeState.RUNNING, address=address_of(instance)
             )
-        elif instance.status == "RUNNING" and node.state == NodeState.PENDING:
-            ready = dataclasses.replace(node, state=NodeState.RUNNING, address=address_of(instance))
-            self._track(ready, event=NodeReady(node=ready))
 
     def labelled(self, key: str) -> list[LabelledVm]:
         """Our instances in every zone (instances.aggregatedList on our managed label: a filter
@@ -553,25 +537,7 @@ class GcpProvisioner(Provisioner):
                     "gcp: could not delete %s in %s after a failed launch: %s", name, zone, error
                 )
 
-    def _track(self, node: Node, event: Event | None = None) -> None:
-        with self._lock:
-            self._nodes[node.node_id] = node
-            if event is not None:
-                self._events.append(event)
 
-    def _mark(self, node_ids: Sequence[str], state: NodeState, event: Event | None = None) -> None:
-        with self._lock:
-            for node_id in node_ids:
-                if node_id in self._nodes:
-                    self._nodes[node_id] = dataclasses.replace(self._nodes[node_id], state=state)
-            if event is not None:
-                self._events.append(event)
-
-    def _drain(self) -> list[Event]:
-        with self._lock:
-            events, self._events = self._events, []
-        return events
-
-
-def _zone_of(node: Node) -> str:
-    return node.infra.rsplit("/", 1)[-1]
+def _ready(tracked: Tracked) -> list[Event]:
+    """The event of a node that has just reached RUNNING (run under the tracker's lock)."""
+    return [NodeReady(node=tracked.node)]

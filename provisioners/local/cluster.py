@@ -276,6 +276,9 @@ def start_head(session: str, cpus: int, *, node_ip: str | None = None):
 
     # why: Ray 2.60 turns token auth on by default; a local test cluster has no tokens
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    # Ray's usage stats would try to reach the internet from every job; the nodes we boot say
+    # --disable-usage-stats (bootstrap/node.sh), the local head says it here
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     return ray.cluster_utils.Cluster(
         initialize_head=True,
         head_node_args={

@@ -38,7 +38,16 @@ from provisioners.base import (
     Unsupported,
     poll_until_events,
 )
-from provisioners.skypilot import catalog, credentials
+from provisioners.skypilot import credentials
+from provisioners.skypilot.instances import (
+    SKYPILOT_RAY_PORT,
+    build_task,
+    cluster_name,
+    cluster_nodes,
+    cluster_status,
+    record_field,
+)
+from provisioners.skypilot.offers import catalog_file, offers_from_rows, records
 from provisioners.skypilot.sdk import (
     CLOUD,
     RequestTimeout,
@@ -47,7 +56,6 @@ from provisioners.skypilot.sdk import (
     to_error,
     wait,
 )
-from provisioners.skypilot.task import SKYPILOT_RAY_PORT, build_task, cluster_name
 
 log = logging.getLogger(__name__)
 ALIVE = (NodeState.PENDING, NodeState.RUNNING)
@@ -93,18 +101,6 @@ class _Gang:
     @property
     def ended(self) -> bool:
         return bool(self.nodes) and not any(n.state in ALIVE for n in self.nodes)
-
-
-def _field(record: Any, name: str) -> Any:
-    """A field of a ``sky.status`` record (a dict-like pydantic model, or a dict in tests)."""
-    return record.get(name) if isinstance(record, Mapping) else getattr(record, name, None)
-
-
-def _status(record: Any) -> str | None:
-    if record is None:
-        return None
-    status = _field(record, "status")
-    return str(getattr(status, "value", status)).upper()
 
 
 class SkyPilotProvisioner(Provisioner):
@@ -198,7 +194,7 @@ class SkyPilotProvisioner(Provisioner):
             ", ".join(clusters),
             lambda s: s.status(cluster_names=clusters, refresh=s.StatusRefreshMode.AUTO),
         )
-        return {_field(row, "name"): row for row in rows or []}
+        return {record_field(row, "name"): row for row in rows or []}
 
     # ---- credentials and offers -----------------------------------------------------------------
 
@@ -237,7 +233,7 @@ class SkyPilotProvisioner(Provisioner):
         self, cloud: str, *, gpus: Collection[str] | None, regions: Collection[str] | None
     ) -> list[Offer]:
         common = self._sky().catalog.common
-        name = catalog.catalog_file(cloud)
+        name = catalog_file(cloud)
         path = common.get_catalog_path(name)
         on_disk = os.path.exists(path)
         if not on_disk and not self.config.fetch_catalog:
@@ -249,13 +245,13 @@ class SkyPilotProvisioner(Provisioner):
                 "or construct the provisioner with fetch_catalog=True",
             )
         try:
-            rows = catalog.records(common.read_catalog(name))
+            rows = records(common.read_catalog(name))
         except Exception as error:  # a failed download or an unreadable CSV, typed
             raise to_error(
                 self._sky(), error, call="sky.catalog.read_catalog", where=path
             ) from None
         observed_at_s = os.path.getmtime(path) if os.path.exists(path) else time.time()
-        return catalog.offers_from_rows(
+        return offers_from_rows(
             cloud, rows, observed_at_s=observed_at_s, gpus=gpus, regions=regions
         )
 
@@ -312,11 +308,11 @@ class SkyPilotProvisioner(Provisioner):
         except ProvisionerError:
             self._abandon(gang)  # up, but we cannot see it: do not leave it billing
             raise
-        if _status(record) != "UP":
+        if cluster_status(record) != "UP":
             self._abandon(gang)
             raise CloudCallError(
                 f"sky.launch of {gang.cluster} returned but the cluster is "
-                f"{_status(record) or 'gone'}, not UP",
+                f"{cluster_status(record) or 'gone'}, not UP",
                 cloud=CLOUD,
                 call="sky.status",
                 fix=f"see `sky status {gang.cluster}` and `sky logs {gang.cluster}`, then retry",
@@ -373,45 +369,23 @@ class SkyPilotProvisioner(Provisioner):
 
     # ---- nodes, events, terminate ---------------------------------------------------------------
 
-    def _node_list(self, gang: _Gang, record: Any, state: NodeState) -> list[Node]:
-        """The gang's nodes as the status record shows them; rank 0 is SkyPilot's head node."""
-        request = gang.request
-        handle = _field(record, "handle")
-        launched = getattr(handle, "launched_resources", None)
-        parts = request.infra.split("/") + [None]
-        region = getattr(launched, "region", None) or parts[1]
-        zone = getattr(launched, "zone", None) or parts[2]
-        infra = "/".join(p for p in (request.cloud, region, zone) if p)
-        ips = getattr(handle, "stable_internal_external_ips", None) or []
-        launched_at_s = float(_field(record, "launched_at") or time.time())
-        return [
-            Node(
-                node_id=f"{gang.cluster}-{rank}",
-                gang=request.gang,
-                infra=infra,
-                instance_type=request.instance_type,
-                gpu=request.gpu,
-                gpus=gang.gpus_per_node,
-                spot=request.spot,
-                state=state,
-                address=(ips[rank][1] or ips[rank][0]) if rank < len(ips) else None,
-                launched_at_s=launched_at_s,
-                labels=request.labels,
-            )
-            for rank in range(request.count)
-        ]
-
     def _observe(self, gang: _Gang, record: Any) -> list[Event]:
         """Update ``gang`` from one status record (``None``: the cluster is gone); the events
         its change means."""
-        status = _status(record)
+        status = cluster_status(record)
         if gang.down_requested:
             if status is None:
                 gang.nodes = [replace(n, state=NodeState.TERMINATED) for n in gang.nodes]
             return []
         if status == "UP" and not gang.ever_up:
             gang.ever_up = True
-            gang.nodes = self._node_list(gang, record, NodeState.RUNNING)
+            gang.nodes = cluster_nodes(
+                record,
+                gang.request,
+                cluster=gang.cluster,
+                gpus_per_node=gang.gpus_per_node,
+                state=NodeState.RUNNING,
+            )
             return [NodeReady(node=n) for n in gang.nodes]
         if status == "UP" or not gang.ever_up:
             return []  # unchanged, or still coming up

@@ -3,7 +3,9 @@
 SkyPilot (>= 0.8) answers ``launch``, ``status``, ``down`` and ``check`` with a request id served by
 its API server; ``wait`` polls ``api_status`` until the request ends or a deadline passes, then
 ``get``s the result, which re-raises the request's own exception (``ResourcesUnavailableError``...).
-``to_error`` turns those exceptions into the contract's typed errors, scrubbed of secrets.
+SkyPilot raises exception classes, not error codes: ``to_error`` takes the class's name as the code
+and the text of the error and of every place SkyPilot tried as the message, and ``ERRORS`` (the
+one error mapper, provisioners/error_map.py) makes them the contract's typed, scrubbed error.
 """
 
 from __future__ import annotations
@@ -13,21 +15,39 @@ import threading
 import time
 from typing import Any
 
-from provisioners.base import (
-    CapacityError,
-    CloudCallError,
-    ProvisionerError,
-    QuotaError,
-    SdkMissing,
-)
+from provisioners.base import ProvisionerError
+from provisioners.error_map import NEVER, ErrorMap, Match
+from provisioners.sdk_loader import load_sdk as _load
 
 CLOUD = "skypilot"
-PIP_EXTRA = "pip install 'geo-orchestrator[skypilot]'"
 TERMINAL = frozenset({"SUCCEEDED", "FAILED", "CANCELLED"})
-# Words SkyPilot's failover messages use when an account limit, not the cloud's stock, said no
-# (AWS VcpuLimitExceeded / MaxSpotInstanceCountExceeded, GCP QUOTA_EXCEEDED, Azure QuotaExceeded).
-_QUOTA = re.compile(r"(?i)quota|limitexceeded|countexceeded|vcpu ?limit")
 _MAX_MESSAGE_CHARS = 600  # SkyPilot's failover histories are long; the head says what happened
+
+ERRORS = ErrorMap(
+    cloud=CLOUD,
+    # SkyPilot gave up on every place it may use; to_error also passes the class's subclasses
+    # (KubeAPIUnreachableError) as capacity, by isinstance
+    capacity=Match(codes={"ResourcesUnavailableError"}),
+    # Words SkyPilot's failover messages use when an account limit, not the cloud's stock, said
+    # no (AWS VcpuLimitExceeded / MaxSpotInstanceCountExceeded, GCP QUOTA_EXCEEDED, Azure
+    # QuotaExceeded); they decide before the class does (see to_error)
+    quota=Match(message=re.compile(r"(?i)quota|limitexceeded|countexceeded|vcpu ?limit")),
+    # Credentials are judged by check_credentials (`sky check`, or the offline look); a failed
+    # launch or status stays a CloudCallError (a CredentialsMissing would stop the driver)
+    credentials=NEVER,
+    # the SkyPilot API server's own access control (its users, roles and workspaces)
+    permission=Match(codes={"PermissionDeniedError", "NoWorkspaceAccessError"}),
+    fixes={
+        "capacity": "try another zone, region or cloud, a smaller gang, or on-demand nodes",
+        "quota": "raise the quota in the cloud's console (SkyPilot's message names it), "
+        "or launch in another region or cloud",
+        "permission": "ask whoever runs the SkyPilot API server to give this user access to the "
+        "workspace (`sky api info` names the user and the server), or run `sky check` and "
+        "`sky api status` to see what it allows",
+        "other": "run `sky check` and `sky api status` to see whether SkyPilot and its API "
+        "server are healthy, then retry",
+    },
+)
 
 
 class RequestTimeout(Exception):
@@ -35,20 +55,18 @@ class RequestTimeout(Exception):
 
 
 def load_sdk() -> Any:
-    """The ``sky`` module with the submodules the adapter uses; ``SdkMissing`` if not installed."""
-    try:
-        import sky
-        import sky.catalog.common  # noqa: F401  (the catalog CSV loader behind offers)
-        import sky.client.sdk  # noqa: F401  (its check: `sky.check` is a module since 0.10)
-        import sky.exceptions  # noqa: F401  (the error types we map)
-    except ImportError as error:
-        raise SdkMissing(
-            f"the SkyPilot SDK ('sky') cannot be imported: {error}",
-            cloud=CLOUD,
-            call="import sky",
-            fix=PIP_EXTRA,
-        ) from None
-    return sky
+    """The ``sky`` module with the submodules the adapter uses: the catalog CSV loader behind
+    offers, the client's ``check`` (``sky.check`` is a module since 0.10) and the error types
+    we map; ``SdkMissing`` naming the extra if SkyPilot is not installed."""
+    return _load(
+        "sky",
+        "sky.catalog.common",
+        "sky.client.sdk",
+        "sky.exceptions",
+        cloud=CLOUD,
+        package="skypilot",
+        extra="skypilot",
+    )
 
 
 def check_request(sdk: Any, clouds: tuple[str, ...]) -> Any:
@@ -91,30 +109,18 @@ def _texts(error: BaseException) -> str:
     return " | ".join(str(e) for e in [error, *history] if str(e))
 
 
+def _kind(sdk: Any, error: BaseException, code: str, message: str) -> str | None:
+    """The kind where SkyPilot's exception decides it, else ``None`` (the map decides). A quota
+    named anywhere in the failover history wins over the class: SkyPilot raises
+    ``ResourcesUnavailableError`` for both, and only a quota is worth raising."""
+    if ERRORS.quota(code, message, None):
+        return "quota"
+    unavailable = getattr(sdk.exceptions, "ResourcesUnavailableError", ())
+    return "capacity" if isinstance(error, unavailable) else None
+
+
 def to_error(sdk: Any, error: BaseException, *, call: str, where: str) -> ProvisionerError:
     """The typed contract error for a SkyPilot exception: capacity and quota say "try elsewhere"."""
-    text = _texts(error)[:_MAX_MESSAGE_CHARS] or type(error).__name__
-    message = f"{where}: {text}"
-    if _QUOTA.search(text):
-        return QuotaError(
-            message,
-            cloud=CLOUD,
-            call=call,
-            fix="raise the quota in the cloud's console (SkyPilot's message names it), "
-            "or launch in another region or cloud",
-        )
-    unavailable = getattr(sdk.exceptions, "ResourcesUnavailableError", ())
-    if isinstance(error, unavailable):
-        return CapacityError(
-            message,
-            cloud=CLOUD,
-            call=call,
-            fix="try another zone, region or cloud, a smaller gang, or on-demand nodes",
-        )
-    return CloudCallError(
-        f"{message} ({type(error).__name__})",
-        cloud=CLOUD,
-        call=call,
-        fix="run `sky check` and `sky api status` to see whether SkyPilot and its API server are "
-        "healthy, then retry",
-    )
+    code, message = type(error).__name__, _texts(error)[:_MAX_MESSAGE_CHARS]
+    kind = _kind(sdk, error, code, message)
+    return ERRORS.error(code, message, call=call, where=where, kind=kind)

@@ -66,6 +66,15 @@ RAY = frozenset(
 )
 
 
+def pytest_collection_modifyitems(config, items) -> None:
+    """Every test under tests/integration carries the ``integration`` mark, whether its module
+    says so or not (``-m "not integration"`` then leaves exactly this folder out)."""
+    here = os.path.dirname(__file__)
+    for item in items:
+        if os.path.dirname(str(item.path)) == here:
+            item.add_marker(pytest.mark.integration)
+
+
 def pytest_xdist_make_scheduler(config, log):
     """Under xdist: each group of machine-wide modules is one unit of work (one worker runs it
     test after test), every other test a unit of its own. (xdist's own ``--dist loadgroup`` reads

@@ -19,7 +19,7 @@ import pytest
 from moto import mock_aws
 
 from provisioners.aws import AwsProvisioner
-from provisioners.aws.metadata import interruption_notice
+from provisioners.aws.metadata import interruption_notice, notice
 from provisioners.base import (
     CapacityError,
     CloudCallError,
@@ -431,13 +431,14 @@ class _Imds(http.server.BaseHTTPRequestHandler):
 
     action: dict | None = None
     token = "imds-session-token"
+    refuse: bool = False  # every GET answers 401, as to a token IMDS did not issue
 
     def do_PUT(self) -> None:  # noqa: N802 (http.server's naming)
         ttl = self.headers.get("X-aws-ec2-metadata-token-ttl-seconds")
         self._reply(200 if self.path == "/latest/api/token" and ttl else 400, self.token)
 
     def do_GET(self) -> None:  # noqa: N802
-        if self.headers.get("X-aws-ec2-metadata-token") != self.token:
+        if self.refuse or self.headers.get("X-aws-ec2-metadata-token") != self.token:
             return self._reply(401, "")
         answers = {
             "/latest/meta-data/instance-id": "i-0abc",
@@ -466,7 +467,7 @@ def imds() -> Iterator[str]:
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
     server.server_close()
-    _Imds.action = None
+    _Imds.action, _Imds.refuse = None, False
 
 
 def test_imds_without_notice_answers_none(imds: str) -> None:
@@ -484,6 +485,18 @@ def test_imds_notice_becomes_a_preemption_notice(imds: str) -> None:
 def test_no_imds_is_a_clear_error(imds: str) -> None:
     with pytest.raises(CloudCallError, match="run this on an EC2 instance"):
         interruption_notice(endpoint="http://127.0.0.1:9", timeout_s=0.5)
+
+
+def test_the_watchers_notice_reads_the_same_exchange(imds: str) -> None:
+    assert notice(endpoint=imds, timeout_s=2.0) is None  # 404: no notice yet
+    _Imds.action = {"action": "terminate", "time": "2026-01-15T12:02:00Z"}
+    found = notice(endpoint=imds, timeout_s=2.0)
+    assert found is not None and found.text == "EC2 spot terminate"
+    assert found.deadline_s == PRICE_TIME.timestamp() + 120
+    _Imds.refuse = True  # any answer but 200 is no notice, as the watcher reads it
+    assert notice(endpoint=imds, timeout_s=2.0) is None
+    with pytest.raises(OSError):  # nothing answers: the watcher logs it and asks again
+        notice(endpoint="http://127.0.0.1:9", timeout_s=0.5)
 
 
 def test_sdk_debug_logs_lose_keys_and_session_tokens(

@@ -1,6 +1,6 @@
-"""The Azure adapter's network for a job's nodes (provisioners/azure/network.py), on the ARM fake:
-a public IP per node and the job's network security group, rewritten as nodes come and go and
-deleted once no NIC uses it."""
+"""The Azure adapter's network for a job's nodes (provisioners/azure/network.py, firewall.py), on
+the ARM fake: a public IP per node and the job's network security group, rewritten as nodes come
+and go and deleted once no NIC uses it."""
 
 from __future__ import annotations
 

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from provisioners.azure import AzureProvisioner, VmSettings
-from provisioners.azure.metadata import parse_events, preemption_notice
-from provisioners.azure.skus import gpu_of
+from provisioners.azure.metadata import Notice, notice, parse_events, preemption_notice
+from provisioners.azure.offers import gpu_of
 from provisioners.base import (
     CapacityError,
     CloudCallError,
@@ -557,3 +557,13 @@ def test_started_event_without_not_before_is_due_now():
         {"Events": [preempt_event("vm-1", "")]}, vm_name="vm-1", infra="i", now_s=100.0
     )
     assert notice is not None and notice.deadline_s == 100.0
+
+
+def test_the_watchers_notice_is_the_preempt_event_for_this_vm(metadata_url: str, monkeypatch):
+    monkeypatch.setattr(_Metadata, "document", {"Events": [preempt_event("vm-1")]})
+    endpoint = metadata_url.split("/metadata/")[0]
+    deadline_s = datetime(2030, 9, 19, 18, 29, 47, tzinfo=timezone.utc).timestamp()
+    assert notice(endpoint=endpoint) == Notice(deadline_s=deadline_s, text="Azure spot eviction")
+    assert notice(endpoint=endpoint, vm_name="VM-1") is not None
+    assert notice(endpoint=endpoint, vm_name="vm-2") is None  # another VM's eviction
+    assert notice(endpoint="http://127.0.0.1:9", timeout_s=0.5) is None  # no metadata service

@@ -315,6 +315,19 @@ def test_other_failures_are_cloud_call_errors_without_the_secret(fake: FakeSky):
     assert "sky check" in caught.value.fix
 
 
+def test_the_api_servers_refusal_says_who_can_grant_access(fake: FakeSky):
+    class PermissionDeniedError(Exception):  # SkyPilot's name for its API server's refusal
+        pass
+
+    fake.failures[(GCP_A, "a2-highgpu-1g")] = PermissionDeniedError(
+        "user alice may not use workspace research"
+    )
+    with pytest.raises(CloudCallError) as caught:
+        _adapter(fake).launch(_request())
+    assert "workspace research" in str(caught.value) and "sky api info" in caught.value.fix
+    assert fake.downs == ["geo-train-0"] and not fake.clusters
+
+
 def test_a_launch_past_its_timeout_is_cancelled_downed_and_a_capacity_error(fake: FakeSky):
     fake.hang.add((GCP_A, "a2-highgpu-1g"))
     with pytest.raises(CapacityError) as caught:
@@ -451,7 +464,7 @@ _REAL_SKY_PROBE = textwrap.dedent(
     import sky
     from provisioners.base import LaunchRequest
     from provisioners.skypilot import SkyPilotProvisioner
-    from provisioners.skypilot.task import build_task
+    from provisioners.skypilot.instances import build_task
     offers = SkyPilotProvisioner(fetch_catalog=False).offers(gpus=["a100"])
     request = LaunchRequest(gang="g", infra="gcp/us-central1/us-central1-a",
                             instance_type="a2-highgpu-1g", gpu="A100", count=2)

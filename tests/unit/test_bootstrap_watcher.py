@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import json
+import importlib
 
 import pytest
 
@@ -81,51 +81,17 @@ def test_every_cloud_named_in_a_recipe_has_a_notice_source():
     assert set(watcher.NOTICE_SOURCES) == {"none", "aws", "gcp", "azure"}
 
 
-def _metadata(monkeypatch, answers: dict[str, tuple[int, bytes]]):
-    """The metadata service as the providers document it: ``answers`` by URL ending."""
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
+def test_each_clouds_notice_is_read_by_that_adapters_metadata_module(monkeypatch, cloud):
+    """One reader per cloud (provisioners/<cloud>/metadata.py, tested against each metadata
+    service's fake there): the watcher only calls it, with its own timeout."""
+    module = importlib.import_module(f"provisioners.{cloud}.metadata")
     asked = []
 
-    def get(url, headers, *, method="GET"):
-        asked.append((url, headers, method))
-        for ending, answer in answers.items():
-            if url.endswith(ending):
-                return answer
-        return 404, b""
+    def notice(**options):
+        asked.append(options)
+        return watcher.Notice(deadline_s=1.0, text=cloud)
 
-    monkeypatch.setattr(watcher, "_get", get)
-    return asked
-
-
-def test_aws_notice_reads_the_spot_instance_action_with_an_imdsv2_token(monkeypatch):
-    asked = _metadata(
-        monkeypatch,
-        {
-            "/api/token": (200, b"TOKEN"),
-            "/spot/instance-action": (
-                200,
-                b'{"action": "terminate", "time": "2026-11-25T17:00:00Z"}',
-            ),
-        },
-    )
-    notice = watcher.aws_notice()
-    assert notice.deadline_s == 1795626000.0 and "terminate" in notice.text
-    assert asked[0][2] == "PUT" and asked[1][1] == {"X-aws-ec2-metadata-token": "TOKEN"}
-    _metadata(monkeypatch, {"/api/token": (200, b"TOKEN")})  # 404 until a notice comes
-    assert watcher.aws_notice() is None
-
-
-def test_gcp_and_azure_notices(monkeypatch):
-    asked = _metadata(monkeypatch, {"/instance/preempted": (200, b"FALSE")})
-    assert watcher.gcp_notice() is None and asked[0][1] == {"Metadata-Flavor": "Google"}
-    _metadata(monkeypatch, {"/instance/preempted": (200, b"TRUE")})
-    assert watcher.gcp_notice() is not None
-    events = {
-        "Events": [
-            {"EventType": "Reboot", "NotBefore": "Wed, 25 Nov 2026 16:00:00 GMT"},
-            {"EventType": "Preempt", "NotBefore": "Wed, 25 Nov 2026 17:00:00 GMT"},
-        ]
-    }
-    _metadata(monkeypatch, {"api-version=2020-07-01": (200, json.dumps(events).encode())})
-    assert watcher.azure_notice().deadline_s == 1795626000.0
-    _metadata(monkeypatch, {"api-version=2020-07-01": (200, b'{"Events": []}')})
-    assert watcher.azure_notice() is None
+    monkeypatch.setattr(module, "notice", notice)
+    assert watcher.NOTICE_SOURCES[cloud]().text == cloud
+    assert asked == [{"timeout_s": watcher.METADATA_TIMEOUT_S}]

@@ -24,6 +24,7 @@ PLACES = [
     ("gcp", "europe-west1", "europe-west1-b"),
 ]
 TOLERANCE = 0.01
+pytestmark = pytest.mark.slow  # every objective's exhaustive search: the unit tier's longest
 
 
 def write_market(rng: random.Random, folder) -> str:

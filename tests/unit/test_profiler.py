@@ -166,8 +166,9 @@ def test_a_cnn_is_refused_without_traceback():
 
 
 def test_layers_timed_in_one_graph_add_up_to_a_whole_pass() -> None:
-    """The in-place stamps split one pass: their sum is that pass's forward and backward, and each
-    layer gets a positive share (no hook missed, none counted twice)."""
+    """The in-place stamps split one pass: each layer gets a positive share (no hook missed) and
+    their sum fits inside the pass (none counted twice). No ratio of wall-clock times is asserted:
+    on a loaded machine any share of the pass may go to another process."""
     from runtime.models.gpt import build_layers, next_token_loss
     from runtime.profiler import _chained_pass, _Clock
 
@@ -182,7 +183,6 @@ def test_layers_timed_in_one_graph_add_up_to_a_whole_pass() -> None:
     assert all(f > 0 and b > 0 for f, b in times)
     total = sum(f + b for f, b in times)
     assert total <= elapsed
-    assert total >= 0.5 * elapsed  # the stamps cover the pass, not a part of it
 
 
 def test_profile_measures_the_model_split_too_when_asked(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""The GCP market: GPU machine shapes per zone from the Compute API, priced into offers.
+"""The GCP market (the adapter's offers): GPU machine shapes per zone from the Compute API, priced.
 
 Three list calls describe the market (``zones.list`` for UP zones, then the aggregated lists of
 accelerator types and machine types over all zones); ``catalog`` turns them into shapes and
@@ -13,7 +13,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 
 from provisioners.base import Offer
-from provisioners.gcp import errors, pricing, sdk
+from provisioners.gcp import pricing, sdk
 from provisioners.gcp.api import ComputeApi
 from provisioners.gcp.catalog import MachineShape, ZoneGpu, last_segment, region_of, zone_gpus
 
@@ -165,7 +165,7 @@ class Market:
             )
             return pricing.book_from_skus(skus, source=f"cloudbilling {pricing.COMPUTE_SERVICE}")
         except pricing.BillingHttpError as error:
-            typed = errors.classify(error.text, call=call, where=where, status=error.status)
+            typed = sdk.classify(error.text, call=call, where=where, status=error.status)
             raise type(typed)(
                 typed.message,
                 cloud=sdk.CLOUD,
