@@ -52,11 +52,14 @@ def poll(catalog: Catalog, providers: Sequence[str], *, strict: bool) -> LiveMar
         except (CredentialsMissing, SdkMissing) as error:
             if strict:
                 raise UserError(error.message, fix=error.fix, field=f"--provider {name}") from None
-            # one line per cloud: what is missing; ``--provider NAME`` shows where the SDK looked
-            warnings.append(
-                f"skipped {name}: {error.message.split('. ')[0]} "
-                f"(details: python -m orchestrator catalog offers --provider {name})"
+            # one line per cloud: what is missing; a missing SDK says how to install it, missing
+            # credentials say where ``--provider NAME`` shows the SDK looked
+            then = (
+                error.fix
+                if isinstance(error, SdkMissing)
+                else f"details: python -m orchestrator catalog offers --provider {name}"
             )
+            warnings.append(f"skipped {name}: {error.message.split('. ')[0]} ({then})")
             continue
         except ProvisionerError as error:
             if strict:

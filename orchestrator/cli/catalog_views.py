@@ -116,7 +116,7 @@ def _offers_market(args: argparse.Namespace, catalog: Catalog) -> tuple[OfferTab
             raise UserError(
                 "no cloud could be polled",
                 field="--live",
-                fix="set up the credentials named above, or use --provider local",
+                fix="install the SDKs or set up the credentials named above, or use --provider local",
             )
         return live.table, live.warnings
     return catalog.offers, []

@@ -76,3 +76,21 @@ def test_live_skips_clouds_without_credentials_naming_each():
     assert result.returncode == 2 and "Traceback" not in result.stderr
     for cloud in ("aws", "gcp", "azure"):
         assert f"skipped {cloud}" in result.stderr
+
+
+def test_a_missing_sdk_is_named_apart_from_missing_credentials(monkeypatch):
+    """A cloud whose SDK does not import says which package and extra install it; one without
+    credentials points at where the SDK looked."""
+    from orchestrator import market
+    from orchestrator.catalog import default_catalog
+    from provisioners.sdk_loader import load_sdk
+
+    class NoSdk:
+        def check_credentials(self):
+            load_sdk("no_such_sdk_here", cloud="aws", package="boto3", extra="aws")
+
+    monkeypatch.setattr(market, "create", lambda name: NoSdk())
+    live = market.poll(default_catalog(), ["aws"], strict=False)
+    (warning,) = live.warnings
+    assert "skipped aws: boto3 is not installed" in warning
+    assert "pip install 'geo-orchestrator[aws]'" in warning and "credentials" not in warning
