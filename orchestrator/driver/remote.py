@@ -220,18 +220,23 @@ def _watch(folder: Path, options: RunOptions, *, running, sync, relaunch, log_hi
 
     while True:
         synced()
-        state = store.load().state
-        if options.on_step is not None and state.step > shown and state.losses:
-            options.on_step(state, StepResult(loss=state.losses[-1]))
-        shown = max(shown, state.step)
+        state = _saved(store)
+        if state is not None and options.on_step is not None and state.step > shown:
+            if state.losses:
+                options.on_step(state, StepResult(loss=state.losses[-1]))
+        shown = max(shown, -1 if state is None else state.step)
         if not running():
             synced()
-            state = store.load().state  # its last word
-            saved_since = relaunched_at is None or state.version > relaunched_at
-            if state.phase in FINAL and saved_since and not (folder / LEAVE_FILE).exists():
+            state = _saved(store)  # its last word
+            step = -1 if state is None else state.step  # None: it ended before its first save
+            saved_since = relaunched_at is None or (
+                state is not None and state.version > relaunched_at
+            )
+            final = state is not None and state.phase in FINAL
+            if final and saved_since and not (folder / LEAVE_FILE).exists():
                 return state
-            lost_in_a_row = lost_in_a_row + 1 if state.step <= last_step else 1
-            last_step = state.step
+            lost_in_a_row = lost_in_a_row + 1 if step <= last_step else 1
+            last_step = step
             if lost_in_a_row > MAX_RELAUNCHES:
                 raise UserError(
                     f"job {folder.name}: {MAX_RELAUNCHES} controller VMs in a row ended with no "
@@ -239,14 +244,23 @@ def _watch(folder: Path, options: RunOptions, *, running, sync, relaunch, log_hi
                     file=str(folder / "driver.log"),
                     fix=f"read {log_hint} and the job's driver.log",
                 )
+            where = "before its first save" if state is None else f"at step {step} ({state.phase})"
             print(
-                f"\njob {folder.name}: its controller VM is gone at step {state.step} "
-                f"({state.phase}); booting a new one, which resumes the job from its state",
+                f"\njob {folder.name}: its controller VM is gone {where}; booting a new one, "
+                "which resumes the job from its state",
                 file=sys.stderr,
             )
             relaunch()
-            relaunched_at = state.version
+            relaunched_at = 0 if state is None else state.version
         pause.wait(FOLLOW_S)
+
+
+def _saved(store: StateStore) -> JobState | None:
+    """The job's state as its controller last pushed it; None while it has saved none (a
+    controller VM still booting on a busy host: its first save comes after "runs")."""
+    if not store.path.exists() and not store.previous.exists():
+        return None
+    return store.load().state
 
 
 def _plan(folder: Path) -> Choice | None:

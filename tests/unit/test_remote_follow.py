@@ -122,3 +122,39 @@ def test_a_leave_is_not_the_end_until_the_relaunched_controller_has_saved(follow
 
     final, launches = run([("off", {"phase": "stopped", "step": 12})], on_launch=relaunched)
     assert launches == 2 and final.phase == "done"
+
+
+def test_a_controller_that_has_not_saved_yet_is_waited_for_then_followed(tmp_path, monkeypatch):
+    """On a busy host the controller VM runs well before its driver's first save reaches the
+    bucket: no state yet is not a broken state. One that ends before saving is booted again."""
+    folder = tmp_path / "job"
+    folder.mkdir()
+    store = StateStore(folder)
+    monkeypatch.setattr(remote, "FOLLOW_S", 0.0)
+    first = JobState(job="job", recipe_path="r.yaml", phase="train", steps_total=50)
+    looks = iter(
+        [
+            ("running", None),  # booting: nothing saved
+            ("off", None),  # gone before its first save
+            ("running", None),
+            ("running", lambda: store.save(first.evolve(step=5, losses=(3.0,) * 5))),
+            ("off", lambda: store.save(store.load().state.evolve(phase="done", step=50))),
+        ]
+    )
+    launches = []
+
+    def running() -> bool:
+        answer, change = next(looks)
+        if change is not None:
+            change()
+        return answer == "running"
+
+    final = remote._watch(
+        folder,
+        RunOptions(),
+        running=running,
+        sync=lambda: None,
+        relaunch=lambda: launches.append(1),
+        log_hint="its console",
+    )
+    assert final.phase == "done" and launches == [1]
