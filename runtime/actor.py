@@ -3,11 +3,20 @@
 Ray carries control (a step number in, a loss out); tensors go over torch.distributed (comm.py).
 A step asked for twice in a row is trained once: a driver that died while its ``step`` call ran
 asks again after Ray restarts it, and gets the loss of the step the workers already took.
+
+``node`` and ``counters`` answer from a concurrency group of their own (``CONTROL_GROUP``), beside
+a running step: a driver that died between handing a step to one worker and to the next leaves the
+first blocked in that step's collective until the restarted driver hands the step to the rest, and
+the restarted driver asks every worker where it runs and what it counted before it takes them
+over. ``counters`` therefore reads copies (a dict copy is one step under the GIL) and names its
+GPU, since the control thread's current CUDA device is not the worker's.
 """
 
 from __future__ import annotations
 
 import socket
+
+import ray
 
 from runtime.layout import Layout
 from runtime.models.protocol import ModelSource, builtin
@@ -17,6 +26,7 @@ from runtime.workload import DataSource
 # A node that emulates a slower device (the local simulated cloud's noisy neighbour) carries this Ray
 # node label, a factor > 1: its worker's forwards and backwards take that many times as long.
 SLOWDOWN_LABEL = "geo-slowdown"
+CONTROL_GROUP = "control"  # runtime/group.py makes the actors with this concurrency group
 
 
 class StageWorker:
@@ -39,8 +49,6 @@ class StageWorker:
 
     def rendezvous(self) -> str:
         """An init address on this worker's host (rank 0 is asked): tcp://ip:free-port."""
-        import ray
-
         ip = ray.util.get_node_ip_address()
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
             probe.bind((ip, 0))
@@ -49,7 +57,6 @@ class StageWorker:
 
     def setup(self, init_method: str, timeout_s: float) -> str:
         """Join the process group and build this stage; returns the Ray node it runs on."""
-        import ray
         import torch
 
         from runtime.comm import Comm
@@ -102,22 +109,23 @@ class StageWorker:
         self.done = (step, loss)
         return loss
 
+    @ray.method(concurrency_group=CONTROL_GROUP)
     def node(self) -> str:
-        """The Ray node this worker runs on (a restarted driver checks its workers with it)."""
-        import ray
-
+        """The Ray node this worker runs on (a restarted driver checks its workers with it, also
+        while a step runs)."""
         return ray.get_runtime_context().get_node_id()
 
+    @ray.method(concurrency_group=CONTROL_GROUP)
     def counters(self) -> dict:
         """Bytes sent per place pair and seconds per phase (whole run), the last step's phases,
         and this worker's peak memory."""
         comm = self.runner.comm
         return {
             "rank": self.rank,
-            "bytes_sent": {f"{a}->{b}": n for (a, b), n in comm.bytes_sent.items()},
+            "bytes_sent": {f"{a}->{b}": n for (a, b), n in dict(comm.bytes_sent).items()},
             "wait_s": dict(comm.wait_s),
             "last_step_phases_s": dict(self.runner.last_phases_s),
-            "peak_memory_bytes": _peak_memory_bytes(self.layout.workers[self.rank].device),
+            "peak_memory_bytes": _peak_memory_bytes(comm.device),
             # what this worker computes on ("cpu", or the GPU's name) and its NCCL groups
             "device": _device_name(comm.device),
             "nccl_groups": comm.nccl_groups,
@@ -240,12 +248,13 @@ def pin_interfaces(ip: str) -> None:
             return
 
 
-def _peak_memory_bytes(device: str) -> int:
-    """GPU: the allocator's peak; CPU: the process's peak resident set (Linux reports KiB)."""
-    if device == "cuda":
+def _peak_memory_bytes(device) -> int:
+    """GPU (a torch device): the allocator's peak there; CPU (None): the process's peak resident
+    set (Linux reports KiB)."""
+    if device is not None:
         import torch
 
-        return int(torch.cuda.max_memory_allocated())
+        return int(torch.cuda.max_memory_allocated(device))
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -16,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from runtime.actor import StageWorker
+from runtime.actor import CONTROL_GROUP, StageWorker
 from runtime.checkpoint import CheckpointReport, PendingCheckpoint
 from runtime.layout import Layout
 from runtime.models.protocol import ModelSource
@@ -120,7 +120,8 @@ class WorkerGroup:
                 f"{len(bundles)} workers could not all be placed within {timeout_s:.0f} s; they need "
                 f"one CPU each and these resources: {', '.join(wanted)} (see ray.cluster_resources())"
             ) from None
-        remote = ray.remote(StageWorker)
+        # steps run one at a time; ``node`` answers beside them (runtime/actor.py)
+        remote = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(StageWorker)
         for attempt in range(RENDEZVOUS_ATTEMPTS):
             # a retry's actors get new names: a killed actor's name is freed asynchronously
             label = None if name is None else (name if attempt == 0 else f"{name}.{attempt}")

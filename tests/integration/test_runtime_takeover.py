@@ -78,6 +78,28 @@ def test_a_named_group_is_taken_over_and_a_repeated_step_is_trained_once(ray_clu
 
 
 @pytest.mark.integration
+def test_a_step_handed_to_one_worker_only_is_taken_over_and_finished(ray_cluster, expected):
+    """The driver died after handing step 2 to the first worker and before the second: the first
+    sits in the step's all-reduce. The new driver still finds both (``node`` and ``counters``
+    answer beside the running step) and hands step 2 to both: it is trained once."""
+    from runtime.group import WorkerGroup
+
+    layout = _layout(1, 2)
+    first = WorkerGroup.start(layout, CONFIG, corpus_bytes=CORPUS_BYTES, name="half-step-test")
+    try:
+        losses = [first.step(0), first.step(1)]
+        waiting = first.actors[0].step.remote(2)  # the second worker never got it
+        second = WorkerGroup.attach(layout, "half-step-test", timeout_s=20.0)
+        assert len(second.counters()) == 2
+        losses.append(second.step(2, timeout_s=60.0))
+        ray_cluster.get(waiting, timeout=60)  # the first call ended with the step
+        losses += [second.step(step) for step in range(3, CONFIG.steps)]
+    finally:
+        first.shutdown()
+    _close(*losses, expected=expected)
+
+
+@pytest.mark.integration
 def test_a_sweep_frees_the_groups_a_dead_driver_left(ray_cluster):
     from runtime.group import WorkerGroup
 

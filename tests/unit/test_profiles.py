@@ -149,3 +149,23 @@ def test_range_queries(catalog):
     )
     assert received == layers.act_out_elements[2] and sent == layers.act_out_elements[8]
     assert profile.stage_facts(1, 0, 26)[2:] == (0, 0)
+
+
+def test_a_smaller_microbatch_measured_slower_is_capped_at_the_larger_ones(catalog):
+    """SAILOR's GH-96 file has OPT-350M's blocks at TP 4 slower at microbatch 1 than at 2 (2.38
+    against 1.51 ms forward): taken as the larger's, the rest untouched, and the origin says so."""
+    from orchestrator.profiles.profile import TimeTable
+    from orchestrator.profiles.sailor import monotone_in_microbatch
+
+    profile = sailor_profile("opt-350m", ["GH200"], catalog)
+    raw = json.loads((SAILOR / "OPT-350" / "GH-96" / "profile.json").read_text())
+    one, two = profile.time_table("GH200", 1, 4), profile.time_table("GH200", 2, 4)
+    assert raw["1"]["4"]["5"][0] > raw["2"]["4"]["5"][0]
+    assert one.forward_s[5] == two.forward_s[5] == raw["2"]["4"]["5"][0]
+    assert profile.time_table("GH200", 8, 4).forward_s[5] == raw["8"]["4"]["5"][0]
+    assert "mbs 1 TP 4" in profile.gpus["GH200"].origin
+    table = lambda f: TimeTable(forward_s=f, backward_s=f, update_s=(0.0,) * len(f))  # noqa: E731
+    times = {(1, 1): table((3.0, 1.0)), (2, 1): table((2.0, 2.0)), (4, 1): table((1.5, 4.0))}
+    fixed, lowered = monotone_in_microbatch(times)
+    assert fixed[(1, 1)].forward_s == (1.5, 1.0) and fixed[(2, 1)].forward_s == (1.5, 2.0)
+    assert lowered == {(2, 1): 2, (1, 1): 2} and fixed[(4, 1)] is times[(4, 1)]
