@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import argparse
 
-from orchestrator.cli.output import format_table, print_json
+from orchestrator.cli.output import format_table, help_text, print_json
 from orchestrator.errors import UserError
 
 SHUTDOWN_GRACE_S = 90.0  # systemd's default stop timeout (TimeoutStopSec)
@@ -29,7 +29,7 @@ def add_emulate(commands: argparse._SubParsersAction, formatter: type) -> None:
         "emulate",
         help="start, stop or list the standing emulated clouds (aws, gcp, azure)",
         formatter_class=formatter,
-        description=__doc__,
+        description=help_text(__doc__),
         epilog="examples:\n  python -m orchestrator emulate up aws\n"
         "  python -m orchestrator status --all\n  python -m orchestrator emulate down aws",
     )

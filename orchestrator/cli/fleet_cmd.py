@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.cli.output import format_table, print_json
+from orchestrator.cli.output import format_table, help_text, print_json
 from orchestrator.driver.hosts import ask_stop, refresh
 from orchestrator.driver.job import JOBS_DIR, STOP_FILE
 from orchestrator.driver.state import StateStore
@@ -135,7 +135,7 @@ def add_down(commands: argparse._SubParsersAction, formatter: type) -> None:
         "down",
         help="terminate every VM of a job on every cloud",
         formatter_class=formatter,
-        description=__doc__,
+        description=help_text(__doc__),
         epilog="example:\n  python -m orchestrator down quickstart-aws",
     )
     down.add_argument("job")

@@ -18,7 +18,7 @@ import argparse
 from pathlib import Path
 
 from orchestrator.catalog import Catalog
-from orchestrator.cli.output import format_table, print_json
+from orchestrator.cli.output import format_table, help_text, print_json
 from orchestrator.driver.events import read_events
 from orchestrator.driver.hosts import ask_stop, refresh
 from orchestrator.driver.job import JOBS_DIR, STOP_FILE
@@ -34,7 +34,7 @@ def add_jobs(commands: argparse._SubParsersAction, formatter: type) -> None:
         "status",
         help="the state of submitted jobs",
         formatter_class=formatter,
-        description=__doc__,
+        description=help_text(__doc__),
         epilog="examples:\n  python -m orchestrator status\n  python -m orchestrator status quickstart --json",
     )
     status.add_argument("job", nargs="?", help="one job (default: all in --jobs-dir)")

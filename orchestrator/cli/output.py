@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
@@ -46,3 +47,22 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 def print_json(document: Any, stream: TextIO | None = None) -> None:
     json.dump(document, stream or sys.stdout, indent=2, sort_keys=False)
     (stream or sys.stdout).write("\n")
+
+
+# a source path in parentheses, alone or leading ("(orchestrator/driver/machine.py)",
+# "(provisioners/bootstrap/joined.py; ...)"): for readers of the code, not of --help
+_SOURCE_NOTE = re.compile(r" ?\((?:[\w./-]+\.(?:py|sh|md))(?:[;,] ?([^()]*))?\)")
+_TRAILING_SOURCE = re.compile(r"[;,] ?[\w./-]+/[\w.-]+\.(?:py|sh|md)(?=\))")  # "(...; a/b.py)"
+
+
+def help_text(docstring: str) -> str:
+    """A module docstring as a command's ``--help`` text: no reST double backticks, no source
+    paths (a parenthesis that only names a file goes; one that says more keeps the rest)."""
+
+    def keep_rest(match: re.Match) -> str:
+        rest = match.group(1)
+        return f" ({rest})" if rest else ""
+
+    text = _SOURCE_NOTE.sub(keep_rest, docstring.replace("``", ""))
+    text = _TRAILING_SOURCE.sub("", text)
+    return text.strip()

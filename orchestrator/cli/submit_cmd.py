@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from orchestrator.catalog import Catalog
+from orchestrator.cli.output import help_text
 from orchestrator.driver.actor import DriverCrashed
 from orchestrator.driver.events import read_events
 from orchestrator.driver.job import JOBS_DIR, RunOptions, RunResult, run_job
@@ -38,7 +39,7 @@ def add_submit(commands: argparse._SubParsersAction, formatter: type) -> None:
         "submit",
         help="run a recipe end to end on the local simulated cloud",
         formatter_class=formatter,
-        description=__doc__,
+        description=help_text(__doc__),
         epilog="example:\n  python -m orchestrator submit recipes/quickstart.yaml --preempt-at 60",
     )
     p.add_argument("recipe", type=Path, help="the recipe (YAML)")

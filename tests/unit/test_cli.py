@@ -184,3 +184,14 @@ def test_top_level_help_lists_the_commands():
     assert result.returncode == 0
     for command in ("validate", "catalog", "plan", "simulate", "submit", "status"):
         assert command in result.stdout
+
+
+def test_help_texts_read_as_prose_without_rest_markup_or_source_paths():
+    from orchestrator.cli.output import help_text
+
+    doc = "``submit RECIPE``: runs (orchestrator/driver/machine.py) it; leases (Unix s; a/b.py).\n"
+    assert help_text(doc) == "submit RECIPE: runs it; leases (Unix s)."
+    for command in ("submit", "status", "down", "emulate", "plan", "simulate"):
+        result = run_cli(command, "--help")
+        assert result.returncode == 0 and "``" not in result.stdout, command
+        assert ".py)" not in result.stdout and ".py;" not in result.stdout, command
