@@ -15,6 +15,7 @@ files hold is printed with control characters escaped.
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from orchestrator.catalog import Catalog
@@ -155,8 +156,16 @@ def run_logs(args: argparse.Namespace, catalog: Catalog) -> int:
         details = event.get("details")
         if details:
             parts.append(", ".join(f"{k}={v}" for k, v in details.items()))
-        print(printable("  ".join(str(p) for p in parts)))
+        print(printable(_short_ids("  ".join(str(p) for p in parts))))
     return 0
+
+
+# a Ray node id is 56 hex digits; its first 12 tell the job's nodes apart (--json keeps them whole)
+_RAY_NODE_ID = re.compile(r"\b([0-9a-f]{12})[0-9a-f]{44}\b")
+
+
+def _short_ids(line: str) -> str:
+    return _RAY_NODE_ID.sub(r"\1…", line)
 
 
 def run_stop(args: argparse.Namespace, catalog: Catalog) -> int:

@@ -85,3 +85,18 @@ def test_the_progress_line_shows_step_loss_samples_per_s_spend_and_eta(capsys, m
     progress.show(base.evolve(step=20), StepResult(loss=3.25))
     line = capsys.readouterr().err.strip().splitlines()[-1].split("\r")[-1]
     assert line == "step 20/40  loss 3.2500  80 samples/s  $0.30000 spent  ETA 4 s"
+
+
+def test_logs_shorten_ray_node_ids_and_json_keeps_them(tmp_path, capsys):
+    from orchestrator.driver.events import Event, EventLog
+
+    node = "3053fc38321e99c0af101ad97f3d5983e514247c1293a2185c94751d"
+    folder = make_job(tmp_path)
+    EventLog(folder / "events.jsonl").append(
+        Event(event="preemption_notice", reason=f"node {node} in local/sim-us/sim-us-b")
+    )
+    assert main(["logs", "alpha", "--jobs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "node 3053fc38321e… in local/sim-us/sim-us-b" in out and node not in out
+    assert main(["logs", "alpha", "--jobs-dir", str(tmp_path), "--json"]) == 0
+    assert node in capsys.readouterr().out
