@@ -27,7 +27,7 @@ name: emu-PROVIDER-job
 provider: PROVIDER
 model: {name: gpt-tiny, profile: analytic}
 training:
-  {global_batch_size: 8, microbatch_sizes: [2, 4], steps: 30, precision: fp32, seed: 0,
+  {global_batch_size: 8, microbatch_sizes: [2, 4], steps: 60, precision: fp32, seed: 0,
    optimizer: {name: adamw, lr: 1.0e-3, weight_decay: 0.01, grad_clip_norm: null}}
 objective: {goal: max_throughput}
 constraints:
@@ -82,7 +82,7 @@ def test_a_job_trains_on_the_emulated_cloud_through_a_reclaim(
         record = json.loads((result.folder / "bucket.json").read_text())
         assert re.fullmatch(BUCKETS[provider], record["url"]), record["url"]
 
-    assert result.state.phase == "done" and result.state.step == 30
+    assert result.state.phase == "done" and result.state.step == 60
     events = [json.loads(line) for line in (result.folder / "events.jsonl").open()]
     kinds = [e["event"] for e in events]
     chaos = next(e for e in events if e["event"] == "chaos")
