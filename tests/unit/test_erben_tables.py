@@ -1,4 +1,4 @@
-"""bench/erben_tables.py: the figures typed in from Erben et al. hold together, and the bench's
+"""bench/erben_paper.py and erben_tables.py: the figures typed in from Erben et al. hold together, and the bench's
 computation runs. No accuracy target is asserted here: BENCHMARKS.md reports the errors."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ def _load_bench():
 
 
 et = _load_bench()
+paper = sys.modules["erben_paper"]  # the paper's setups and figures (bench/erben_paper.py)
 
 # Ranges a figure of these experiments can take at all (T4 VMs, one to eight of them)
 SANE = {
@@ -36,32 +37,32 @@ SANE = {
 }
 
 
-@pytest.mark.parametrize("row", et.PAPER, ids=lambda r: f"{r.setup}-{r.model}-{r.metric}")
+@pytest.mark.parametrize("row", paper.PAPER, ids=lambda r: f"{r.setup}-{r.model}-{r.metric}")
 def test_every_published_figure_is_cited_and_sane(row):
-    assert row.setup in et.SETUPS and row.model in et.RECIPES and row.metric in et.METRICS
+    assert row.setup in paper.SETUPS and row.model in et.RECIPES and row.metric in paper.METRICS
     assert ("Sec." in row.cite or "Table" in row.cite) and "p. 12" in row.cite, row.cite
     low, high = SANE[row.metric]
     assert math.isfinite(row.value) and low <= row.value <= high, row.value
     if row.place:
         assert row.metric == "egress_usd_per_vm_h"
-        assert row.place in {p for p, _ in et.SETUPS[row.setup].places}
+        assert row.place in {p for p, _ in paper.SETUPS[row.setup].places}
     if row.metric == "slowdown_pct":
-        assert et.SETUPS[row.setup].baseline is not None
+        assert paper.SETUPS[row.setup].baseline is not None
 
 
 def test_no_figure_is_typed_twice():
-    keys = [(r.setup, r.model, r.metric, r.place) for r in et.PAPER]
+    keys = [(r.setup, r.model, r.metric, r.place) for r in paper.PAPER]
     assert len(keys) == len(set(keys))
 
 
 def test_setups_match_the_papers_table_2():
-    for name, setup in et.SETUPS.items():
+    for name, setup in paper.SETUPS.items():
         assert setup.gpus == int(name.split("-")[1]) or name.startswith("D-")
         if setup.baseline is not None:
-            base = et.SETUPS[setup.baseline]
+            base = paper.SETUPS[setup.baseline]
             assert base.gpus == setup.gpus and len(base.places) == 1 < len(setup.places)
-    assert {p for p, _ in et.SETUPS["C-8"].places} == {et.US, et.EU, et.ASIA, et.AUS}
-    assert et.SETUPS["D-1"].gpus == et.SETUPS["D-3"].gpus == 4
+    assert {p for p, _ in paper.SETUPS["C-8"].places} == {paper.US, paper.EU, paper.ASIA, paper.AUS}
+    assert paper.SETUPS["D-1"].gpus == paper.SETUPS["D-3"].gpus == 4
 
 
 # Speedups over A-1 the text states besides the figures the bench types in (Sec. 4, pp. 1219-20):
@@ -78,7 +79,7 @@ STATED_SPEEDUPS = [
 def test_derived_throughputs_agree_with_the_stated_speedups(setup, model, speedup):
     """A-1 is derived from A-2 and a rounded per-GPU speedup, B-8 and C-8 from A-8 and rounded
     slowdowns: they must reproduce the speedups the text states to within that rounding (5%)."""
-    ratio = et.paper_view(setup, model, "samples_per_s") / et.paper_view(
+    ratio = paper.paper_view(setup, model, "samples_per_s") / paper.paper_view(
         "A-1", model, "samples_per_s"
     )
     assert ratio == pytest.approx(speedup, rel=0.05)
@@ -86,8 +87,8 @@ def test_derived_throughputs_agree_with_the_stated_speedups(setup, model, speedu
 
 @pytest.mark.parametrize("model", ["CV", "NLP"])
 def test_table_6_agrees_with_the_per_gpu_speedup_at_8(model):
-    a1 = et.paper_view("A-1", model, "samples_per_s")
-    assert et.A8_SPS[model] == pytest.approx(8 * et.PER_GPU_SPEEDUP[model][8] * a1, rel=0.05)
+    a1 = paper.paper_view("A-1", model, "samples_per_s")
+    assert paper.A8_SPS[model] == pytest.approx(8 * paper.PER_GPU_SPEEDUP[model][8] * a1, rel=0.05)
 
 
 def test_the_market_carries_table_1s_spot_prices():
@@ -105,20 +106,20 @@ def world():
 
 def test_one_setup_predicts_fast(world):
     started = time.perf_counter()
-    across = et.predict(world, "NLP", et.SETUPS["B-2"])
-    local = et.predict(world, "NLP", et.SETUPS["A-2"])
+    across = et.predict(world, "NLP", paper.SETUPS["B-2"])
+    local = et.predict(world, "NLP", paper.SETUPS["A-2"])
     assert time.perf_counter() - started < 10
     assert across.samples_per_s > 0 and math.isfinite(across.granularity)
-    assert across.egress_usd_per_vm_h[et.US] > 0 and local.egress_usd_per_vm_h[""] == 0
+    assert across.egress_usd_per_vm_h[paper.US] > 0 and local.egress_usd_per_vm_h[""] == 0
     assert 0 < across.egress_share < 1 and local.egress_share == 0
 
 
 def test_calibration_matches_its_one_point(world):
     factor = et.calibration_factor(world, "CV", "A-8")
     calibrated = et.predict(
-        world, "CV", et.SETUPS["A-8"], et.scaled_profile(world.profiles["CV"], factor)
+        world, "CV", paper.SETUPS["A-8"], et.scaled_profile(world.profiles["CV"], factor)
     )
-    assert calibrated.samples_per_s == pytest.approx(et.A8_SPS["CV"], rel=1e-3)
+    assert calibrated.samples_per_s == pytest.approx(paper.A8_SPS["CV"], rel=1e-3)
 
 
 def test_the_bench_prints_both_modes_and_the_findings(capsys):
