@@ -60,21 +60,26 @@ class NodeState(enum.Enum):
 
 
 class ProvisionerError(Exception):
-    """A provisioner call failed: which cloud, which call, what happened and what to do."""
+    """A provisioner call failed: which cloud, which call, what happened and what to do; ``code``:
+    the cloud's own error code where it gave one (error_map.py), for callers that tell one
+    refusal from another (e.g. "already gone")."""
 
-    def __init__(self, message: str, *, cloud: str, call: str, fix: str) -> None:
-        self.cloud, self.call = cloud, call
+    def __init__(self, message: str, *, cloud: str, call: str, fix: str, code: str = "") -> None:
+        self.cloud, self.call, self.code = cloud, call, code
         self.message, self.fix = scrub(message), scrub(fix)
         super().__init__(f"{cloud} {call}: {self.message}\n  To fix: {self.fix}")
 
     def __reduce__(self):
         # sent between processes (Ray, the local cloud's gateway): rebuilt from its fields, since
         # the default rebuilds an exception from ``args`` alone and this one needs keywords
-        return (_rebuild_error, (type(self), self.message, self.cloud, self.call, self.fix))
+        fields = (type(self), self.message, self.cloud, self.call, self.fix, self.code)
+        return (_rebuild_error, fields)
 
 
-def _rebuild_error(cls, message: str, cloud: str, call: str, fix: str) -> ProvisionerError:
-    return cls(message, cloud=cloud, call=call, fix=fix)
+def _rebuild_error(
+    cls, message: str, cloud: str, call: str, fix: str, code: str = ""
+) -> ProvisionerError:
+    return cls(message, cloud=cloud, call=call, fix=fix, code=code)
 
 
 class CapacityError(ProvisionerError):

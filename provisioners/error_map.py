@@ -38,7 +38,7 @@ class Match:
     def __call__(self, code: str, message: str, status: int | None) -> bool:
         return (
             code in self.codes
-            or (bool(code) and code.endswith(self.code_suffixes) if self.code_suffixes else False)
+            or (bool(code) and bool(self.code_suffixes) and code.endswith(self.code_suffixes))
             or (self.message is not None and bool(self.message.search(f"{code} {message}")))
             or (status is not None and status in self.statuses)
         )
@@ -98,4 +98,5 @@ class ErrorMap:
             "quota": QuotaError,
             "credentials": CredentialsMissing,
         }.get(kind, CloudCallError)
-        return cls(text, cloud=self.cloud, call=call, fix=fix(call) if callable(fix) else fix)
+        fixed = fix(call) if callable(fix) else fix
+        return cls(text, cloud=self.cloud, call=call, fix=fixed, code=code)

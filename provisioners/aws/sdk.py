@@ -205,13 +205,11 @@ def pages(client: Any, method: str, key: str, **params: Any) -> Iterator[Any]:
 
 
 # where ERRORS.error puts the code: "<what>[ in <where>]: [<code>] <message>"
-_CODE = re.compile(r"^[^:\[]*: \[([^\]\s]+)\]")
 
 
 def error_code(error: ProvisionerError) -> str:
     """The AWS error code of an error ``error_for`` made ('' if none)."""
-    found = _CODE.match(error.message)
-    return found.group(1) if found else ""
+    return error.code
 
 
 def tags_of(instance: Mapping[str, Any]) -> dict[str, str]:

@@ -150,3 +150,11 @@ def test_every_cloud_adapter_uses_the_one_tracker_loader_and_error_map(cloud):
     sdk = (folder / "sdk.py").read_text(encoding="utf-8")
     assert "NodeTracker()" in provisioner
     assert "load_sdk(" in sdk and "ErrorMap(" in sdk
+
+
+def test_an_error_keeps_the_clouds_code_also_across_processes():
+    import pickle
+
+    error = ERRORS.error("NoRoom", "full", call="ec2.run", where="r1")
+    again = pickle.loads(pickle.dumps(error))
+    assert error.code == again.code == "NoRoom" and type(again) is CapacityError
