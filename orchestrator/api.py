@@ -14,13 +14,12 @@ job runs, after it ended, and from another process.
 
 from __future__ import annotations
 
-import json
 import threading
 from pathlib import Path
 
 from orchestrator.driver.events import read_events
 from orchestrator.driver.job import JOBS_DIR, STOP_FILE, RunOptions, run_job
-from orchestrator.driver.metrics import METRICS_FILE
+from orchestrator.driver.metrics import METRICS_FILE, read_rows
 from orchestrator.driver.state import JobState, StateStore
 from orchestrator.driver.status import status_row
 from orchestrator.errors import UserError
@@ -61,9 +60,7 @@ class Job:
     def metrics(self):
         import pandas as pd
 
-        path = self.folder / METRICS_FILE
-        rows = [json.loads(line) for line in path.open()] if path.exists() else []
-        frame = pd.DataFrame(rows)
+        frame = pd.DataFrame(read_rows(self.folder / METRICS_FILE))
         if not frame.empty:
             frame["time"] = pd.to_datetime(frame["time_s"], unit="s", utc=True)
         return frame

@@ -69,6 +69,7 @@ def build_driver(
         events=EventLog(store.folder / "events.jsonl"),
     )
     metrics = StepMetrics(store.folder / METRICS_FILE, recipe.training.global_batch_size)
+    metrics.catch_up(state)  # a step its dead predecessor saved but had no time to log
     gauges = DashboardMetrics(state.job)
 
     def stepped(current: JobState, result: StepResult) -> None:

@@ -22,25 +22,83 @@ class StepMetrics:
         self.path, self.batch = path, batch
         self.last: tuple[float, float] | None = None  # (time, train_s) at the previous step
 
+    def catch_up(self, state: JobState) -> int:
+        """Write the rows of steps the saved state committed but the file lacks: a driver that
+        died between saving a step and writing its row (its node preempted) is restarted, and
+        its row would otherwise be missing for good. Such a row has the step's loss and the
+        state's figures; its rate is not known. Returns the number of rows written."""
+        written = _last_step(self.path)
+        # the state keeps one loss per committed step (cut back too when it rolls back)
+        rows = [
+            self._line(state, step=step, loss=loss, took_s=0.0)
+            for step, loss in enumerate(state.losses[written : state.step], start=written + 1)
+        ]
+        self._append(rows)
+        return len(rows)
+
     def record(self, state: JobState, result: StepResult) -> dict:
         now = time.time()
         took = state.train_s - self.last[1] if self.last else 0.0
         self.last = (now, state.train_s)
-        line = {
-            "time_s": now,
-            "step": state.step,
-            "loss": _finite(result.loss),
-            "samples_per_s": _finite(self.batch / took) if took > 0 else None,
+        line = self._line(state, step=state.step, loss=result.loss, took_s=took, now_s=now)
+        if result.sample_ids is not None:
+            line["samples"] = list(result.sample_ids)
+        self._append([line])
+        return line
+
+    def _line(
+        self, state: JobState, *, step: int, loss: float, took_s: float, now_s: float | None = None
+    ) -> dict:
+        return {
+            "time_s": state.updated_at_s if now_s is None else now_s,
+            "step": step,
+            "loss": _finite(loss),
+            "samples_per_s": _finite(self.batch / took_s) if took_s > 0 else None,
             "usd_spent": _finite(state.compute_usd + state.egress_usd),
             "egress_bytes": _finite(state.egress_bytes),
             "nodes": len(state.nodes),
             "recoveries": state.recoveries,
         }
-        if result.sample_ids is not None:
-            line["samples"] = list(result.sample_ids)
+
+    def _append(self, lines: list[dict]) -> None:
+        if not lines:
+            return
+        if _cut_short(self.path):  # end a row cut short by a death mid-write before the next
+            with self.path.open("a", encoding="utf-8") as handle:
+                handle.write("\n")
         with self.path.open("a", encoding="utf-8") as handle:
-            handle.write(json.dumps(line, allow_nan=False) + "\n")  # strict JSON: no NaN token
-        return line
+            for line in lines:  # strict JSON: no NaN token
+                handle.write(json.dumps(line, allow_nan=False) + "\n")
+
+
+def read_rows(path: Path) -> list[dict]:
+    """The file's whole rows (a row cut short by a death mid-write is left out)."""
+    if not path.exists():
+        return []
+    rows = []
+    with path.open(encoding="utf-8") as handle:
+        for text in handle:
+            try:
+                row = json.loads(text)
+            except ValueError:
+                continue
+            if isinstance(row, dict) and isinstance(row.get("step"), int):
+                rows.append(row)
+    return rows
+
+
+def _cut_short(path: Path) -> bool:
+    if not path.exists() or path.stat().st_size == 0:
+        return False
+    with path.open("rb") as handle:
+        handle.seek(-1, 2)
+        return handle.read(1) != b"\n"
+
+
+def _last_step(path: Path) -> int:
+    """The step of the file's last whole row (0: none)."""
+    rows = read_rows(path)
+    return rows[-1]["step"] if rows else 0
 
 
 def _finite(value: float) -> float | None:

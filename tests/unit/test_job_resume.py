@@ -74,3 +74,31 @@ def test_metrics_stay_strict_json_whatever_a_step_reports(tmp_path):
     metrics.record(state.evolve(step=4, train_s=2.0, egress_bytes=math.inf), StepResult(loss=1.5))
     rows = [json.loads(line, parse_constant=pytest.fail) for line in metrics.path.open()]
     assert rows[0]["loss"] is None and rows[1]["egress_bytes"] is None and rows[1]["loss"] == 1.5
+
+
+def test_a_restarted_driver_writes_the_row_its_predecessor_saved_but_did_not_log(tmp_path):
+    """The driver saves a step, then logs its row: one that dies in between (its node preempted)
+    leaves the state a step ahead of metrics.jsonl, and one cut off mid-write leaves half a row.
+    The restarted driver's metrics catch up from the state's losses, once."""
+    import orchestrator
+    from orchestrator.driver.machine import StepResult
+    from orchestrator.driver.metrics import StepMetrics
+
+    path = tmp_path / "jobs/j/metrics.jsonl"
+    path.parent.mkdir(parents=True)
+    metrics = StepMetrics(path, batch=8)
+    state = JobState(job="j", recipe_path="r", phase="train", step=1, losses=(3.0,), train_s=1.0)
+    metrics.record(state, StepResult(loss=3.0))
+    with path.open("a") as handle:
+        handle.write('{"time_s": 1.0, "st')  # the dying driver's row for step 2, cut short
+    saved = state.evolve(step=3, losses=(3.0, 2.5, 2.0), train_s=3.0)
+
+    restarted = StepMetrics(path, batch=8)
+    assert restarted.catch_up(saved) == 2 and restarted.catch_up(saved) == 0
+    restarted.record(saved.evolve(step=4, losses=(3.0, 2.5, 2.0, 1.5)), StepResult(loss=1.5))
+    frame = orchestrator.Job("j", jobs_dir=tmp_path / "jobs").metrics()
+    assert list(frame["step"]) == [1, 2, 3, 4]
+    assert list(frame["loss"]) == [3.0, 2.5, 2.0, 1.5]
+    assert frame["samples_per_s"].isna().tolist() == [True, True, True, True]  # rate not known
+    # a job rolled back behind its rows (its steps then train again) writes nothing to catch up
+    assert StepMetrics(path, batch=8).catch_up(saved.evolve(step=1, losses=(3.0,))) == 0

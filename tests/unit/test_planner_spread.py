@@ -99,3 +99,22 @@ parallelism: {max_pipeline_stages: 2}
     choice = plans.choose(excluded=frozenset(), held={})
     assert {r.tp for stage in choice.plan.stages for r in stage.replicas} == {4}
     assert [s.layers for s in choice.plan.stages] == [s.layers for s in best.plan.stages]
+
+
+def test_a_spread_does_not_cap_the_gpus_of_a_model_that_scales():
+    """A CNN that scales over data-parallel T4s in four zones of one region: asked to spread over
+    two places it still takes all eight GPUs it may, as it does without the spread (a planner that
+    met the spread by halving the GPUs once called a 4-GPU plan at half the rate its best)."""
+    text = Path(__file__).resolve().parents[2] / "recipes/erben-convnext-large-t4-4continents.yaml"
+    base = text.read_text().replace("goal: min_cost", "goal: max_throughput")
+    start = base.index("  locations:")
+    end = base.index("  gpu_types:")
+    catalog = default_catalog()
+    best = {}
+    for spread in (1, 2):
+        where = f"  locations: [gcp/us-central1]\n  min_locations: {spread}\n"
+        recipe = parse_recipe(base[:start] + where + base[end:], file="cnn.yaml", folder=Path("."))
+        best[spread] = plan_recipe(recipe, catalog, catalog.market("gcp")).plans[0]
+    assert best[2].plan.total_gpus == best[1].plan.total_gpus == 8
+    assert len(_places(best[2].plan)) >= 2
+    assert best[2].estimate.samples_per_s == pytest.approx(best[1].estimate.samples_per_s, rel=0.02)
