@@ -309,12 +309,14 @@ class Evaluator:
 
     def _exposed(self, sync: float, message: float, backward_s: float) -> float:
         """What an all-reduce of ``sync`` seconds leaves after the last backward: with overlap,
-        at least its last bucket, and at least what the backward could not hide."""
+        at least its last bucket, and at least what the backward could not hide; then the
+        round's fixed cost, which nothing hides (the simulator's ``_stage_rows``)."""
+        round_s = self.settings.dp_round_overhead_s
         if not self.settings.overlap_grad_sync:
-            return sync
+            return sync + round_s
         bucket = self.settings.bucket_bytes
         last_bucket = sync * bucket / message if message > bucket else sync
-        return max(last_bucket, sync - backward_s)
+        return max(last_bucket, sync - backward_s) + round_s
 
     def allreduce_lower_bound(self, message: float, dp: int, pairs) -> float:
         """The least time of an all-reduce of ``message`` bytes over ``dp`` replicas of one of

@@ -129,6 +129,7 @@ def _stage_rows(
     transfers). Adds the all-reduces' bytes crossing places to ``egress``."""
     last = len(stages) - 1
     overlap, bucket = settings.overlap_grad_sync, settings.bucket_bytes
+    round_s = settings.dp_round_overhead_s
     most = max(plan.microbatches())
     rows, busy_s, talk_s, received = [], 0.0, 0.0, 0.0
     for s, (forward, backward, update, gradient, coefficients) in enumerate(stages):
@@ -139,6 +140,8 @@ def _stage_rows(
             last_bucket = sync * bucket / gradient if gradient > bucket else sync
             hidden = sync - backward
             exposed = hidden if hidden > last_bucket else last_bucket
+        if coefficients is not None and round_s:  # the round's coordination, after the bytes
+            sync, exposed = sync + round_s, exposed + round_s
         ready = send = 0.0
         for pipeline in pipelines:
             end = pipeline[0][s]

@@ -17,6 +17,9 @@ class SimulatorSettings:
     fragmentation_fraction: float
     bucket_bytes: float
     overlap_grad_sync: bool
+    # a data-parallel averaging round's fixed cost beyond moving its bytes (the framework's
+    # coordination: Hivemind's matchmaking and its Python all-reduce); never hidden by overlap
+    dp_round_overhead_s: float
     gpu_memory_bytes: Mapping[str, float]  # capacity by GPU name
 
     def overhead_bytes(self, gpu: str, tp: int) -> float:
@@ -51,6 +54,7 @@ def load_settings(catalog: Catalog) -> SimulatorSettings:
         fragmentation_fraction=memory.number("fragmentation_fraction", strictly_positive=False),
         bucket_bytes=comm.number("bucket_bytes"),
         overlap_grad_sync=overlap,
+        dp_round_overhead_s=comm.number("dp_round_overhead_s", strictly_positive=False),
         gpu_memory_bytes={spec.name: float(spec.memory_bytes) for spec in catalog.gpus.specs},
     )
     for entry in (memory, comm):

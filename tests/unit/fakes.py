@@ -85,7 +85,11 @@ class FakePrices:
 
 
 def settings(
-    *, overlap: bool = False, overhead: float = 0.0, fragmentation: float = 0.0
+    *,
+    overlap: bool = False,
+    overhead: float = 0.0,
+    fragmentation: float = 0.0,
+    round_s: float = 0.0,
 ) -> SimulatorSettings:
     return SimulatorSettings(
         framework_overhead_bytes=PerGpu(overhead),
@@ -93,6 +97,7 @@ def settings(
         fragmentation_fraction=fragmentation,
         bucket_bytes=25 * 2**20,
         overlap_grad_sync=overlap,
+        dp_round_overhead_s=round_s,
         gpu_memory_bytes={"A100": 40 * 2**30, "V100": 16 * 2**30, "T4": 16 * 2**30},
     )
 

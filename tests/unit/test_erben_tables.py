@@ -114,12 +114,20 @@ def test_one_setup_predicts_fast(world):
     assert 0 < across.egress_share < 1 and local.egress_share == 0
 
 
-def test_calibration_matches_its_one_point(world):
-    factor = et.calibration_factor(world, "CV", "A-8")
-    calibrated = et.predict(
-        world, "CV", paper.SETUPS["A-8"], et.scaled_profile(world.profiles["CV"], factor)
-    )
-    assert calibrated.samples_per_s == pytest.approx(paper.A8_SPS["CV"], rel=1e-3)
+@pytest.mark.parametrize("model", ["CV", "NLP"])
+def test_calibration_matches_its_one_point(world, model):
+    """One setup (A-8) fits both a model's compute and its round's extra communication: its
+    throughput and granularity come out as published; a setup without a published granularity
+    fits the compute alone."""
+    fit = et.calibrate(world, model, "A-8")
+    assert fit.round_s > 0 and fit.factor > 0
+    setup = paper.SETUPS["A-8"]
+    profile = et.scaled_profile(world.profiles[model], fit.factor)
+    calibrated = et.predict(world, model, setup, profile, fit.round_s)
+    assert calibrated.samples_per_s == pytest.approx(paper.A8_SPS[model], rel=1e-3)
+    published = paper.paper_view("A-8", model, "granularity")
+    assert calibrated.granularity == pytest.approx(published, rel=0.02)
+    assert et.calibrate(world, model, "A-2").round_s == 0  # no granularity published for A-2
 
 
 def test_the_bench_prints_both_modes_and_the_findings(capsys):

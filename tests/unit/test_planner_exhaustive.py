@@ -17,6 +17,7 @@ from orchestrator.planner import SearchOptions, prepare
 from orchestrator.planner.exhaustive import best, binding_objectives, enumerate_all
 from orchestrator.planner.search import search
 from orchestrator.recipe import parse_recipe
+from orchestrator.simulator import views_for
 
 PLACES = [
     ("gcp", "us-central1", "us-central1-a"),
@@ -112,11 +113,25 @@ def in_blocks(plan) -> bool:
     return len(set(gpus)) == len(gpus)
 
 
-@pytest.mark.parametrize("seed", [200, 201, 202, 203])
-def test_bounds_never_prune_the_best_plan(seed, tmp_path):
+@pytest.mark.parametrize(
+    ("seed", "round_s"),
+    [(200, 0.0), (201, 0.0), (202, 0.0), (203, 0.0), (200, 0.002), (201, 0.002)],
+)
+def test_bounds_never_prune_the_best_plan(seed, round_s, tmp_path, monkeypatch):
     """With every split and placement exact and GPU types in blocks (the families of configs),
     the only thing that can make the planner miss is a bound that is not one: it must find the
-    best plan of that space exactly, for every objective."""
+    best plan of that space exactly, for every objective; also when each data-parallel round
+    costs a fixed time beyond its bytes (a framework's coordination: simulator settings)."""
+    if round_s:
+        import dataclasses
+
+        import orchestrator.planner as planner
+
+        def with_round_cost(catalog, market, **options):
+            network, prices, settings = views_for(catalog, market, **options)
+            return network, prices, dataclasses.replace(settings, dp_round_overhead_s=round_s)
+
+        monkeypatch.setattr(planner, "views_for", with_round_cost)
     rng = random.Random(seed)
     write_market(rng, tmp_path)
     catalog = default_catalog()

@@ -67,6 +67,29 @@ def test_sync_overlaps_the_last_backward():
     assert e.iteration_time_s == pytest.approx(8 * 8 * (F + B) + exposed + 8 * U)
 
 
+@pytest.mark.parametrize("overlap", [False, True])
+def test_a_rounds_fixed_cost_is_paid_once_per_iteration_and_never_hidden(overlap):
+    """A framework's coordination per averaging round (Hivemind's matchmaking): added to the
+    all-reduce of every stage with replicas, after the bytes, whatever overlaps; a stage without
+    replicas pays nothing; the granularity counts it as communication."""
+    profile, round_s = uniform_profile(), 0.5
+    places = [[f"gcp/us-central1/us-central1-{z}" for z in "ab"]]
+    dp = plan([(0, 8)], places, batch=16)
+    network = FakeNetwork(default=(0.0, 1e9))
+    without = run(profile, dp, network=network, sim_settings=settings(overlap=overlap))
+    e = run(profile, dp, network=network, sim_settings=settings(overlap=overlap, round_s=round_s))
+    assert e.stages[0].dp_sync_s == pytest.approx(without.stages[0].dp_sync_s + round_s)
+    assert e.stages[0].dp_sync_exposed_s == pytest.approx(
+        without.stages[0].dp_sync_exposed_s + round_s
+    )
+    assert e.iteration_time_s == pytest.approx(without.iteration_time_s + round_s)
+    busy = 8 * 8 * (F + B) + 8 * U
+    assert e.granularity == pytest.approx(busy / e.stages[0].dp_sync_s)
+    one = plan([(0, 8)], [["gcp/us-central1/us-central1-a"]], batch=8)
+    alone = run(profile, one, network=network, sim_settings=settings(round_s=round_s))
+    assert alone.iteration_time_s == pytest.approx(8 * 8 * (F + B) + 8 * U)
+
+
 @pytest.mark.parametrize(("stages", "m"), [(2, 8), (4, 8), (4, 16)])
 def test_pure_pipeline_equal_stages(stages, m):
     per_stage = 8 // stages
