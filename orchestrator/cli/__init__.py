@@ -61,21 +61,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, taken as Ctrl-C is: a followed job is asked to stop cleanly first (local.py)."""
+
+    signum = 15
+
+
 def run() -> int:
     """The program's entry (``python -m orchestrator``, the ``orchestrator`` script): ``main``,
     with SIGTERM and Ctrl-C unwinding the command (its ``finally`` blocks remove what it made:
-    the local cloud's VMs, an emulated cloud) and ending it with one line, no traceback."""
+    the local cloud's VMs, an emulated cloud) and ending it with one line, no traceback. A job
+    being followed takes the first one as a request to stop cleanly (driver/local.py)."""
     import signal
 
     def terminated(signum, frame):
-        raise SystemExit(128 + signum)  # unwinds like Ctrl-C, so cleanups run
+        raise Terminated()  # unwinds like Ctrl-C, so cleanups run
 
     signal.signal(signal.SIGTERM, terminated)
     try:
         return main()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as interrupt:
         print("\ninterrupted", file=sys.stderr)
-        return 130
+        return 128 + getattr(interrupt, "signum", signal.SIGINT)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

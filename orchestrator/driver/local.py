@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import signal
 import sys
 import threading
 from pathlib import Path
@@ -56,6 +57,8 @@ def run_on_local_cloud(
         migration_s=MIGRATION_S[cluster.mode],
         launch_timeout_s=provisioner.launch_timeout_s,
     )
+    from orchestrator.driver.job import STOP_FILE
+
     try:
         return serve_and_follow(
             provisioner,
@@ -64,9 +67,39 @@ def run_on_local_cloud(
             address=provisioner.address,
             controller=lambda: provisioner.launch_controller(name=f"{folder.name}-controller"),
             on_step=on_step,
+            on_interrupt=lambda: (folder / STOP_FILE).write_text("stop\n"),
         )
+    except KeyboardInterrupt:
+        provisioner.close()  # the driver and every node go with the local cloud: say so
+        _left_at_once(folder)
+        raise
     finally:
         provisioner.close()
+
+
+def _left_at_once(folder: Path) -> None:
+    """A job left while running (Ctrl-C twice): its driver and nodes went with this process, so
+    its state says stopped, not the phase it was in, and a resubmit resumes it from its newest
+    checkpoint."""
+    from orchestrator.driver.events import Event, EventLog
+    from orchestrator.driver.state import StateStore
+
+    store = StateStore(folder)
+    if not store.exists():
+        return
+    state = store.load().state
+    if state.phase in ("done", "failed", "stopped"):
+        return
+    store.save(state.evolve(phase="stopped", nodes=()))
+    EventLog(folder / "events.jsonl").append(
+        Event(
+            event="stopped",
+            decision="left at once: the driver and its nodes ended with the submitting process",
+            reason=f"interrupted twice in {state.phase} at step {state.step}; submit again "
+            f"resumes from the checkpoint of step {state.checkpoint_step}",
+            details={"step": state.step, "checkpoint_step": state.checkpoint_step},
+        )
+    )
 
 
 def local_vms(
@@ -131,19 +164,24 @@ def serve_and_follow(
     on_step,
     env=None,
     connected=None,
+    on_interrupt=None,
 ):
     """Join the cluster at ``address``, serve ``service`` (the local cloud's API, or an emulated
     provider's market) to the driver actor through the gateway, start the driver on the node
     ``controller()`` launches (None: wherever the ``controller`` resource is) and follow the job.
     ``env``: the driver's environment's additions; ``connected()``: called once this process
     has joined the cluster (Ray's ``init`` sets its own SIGTERM handler: a caller replaces it
-    there)."""
+    there). ``on_interrupt()``: asks the job to stop cleanly on the first Ctrl-C (the driver
+    checkpoints and lets its nodes go; this process follows it to ``stopped``); a second one
+    leaves at once (None: the first does)."""
     import ray
 
     from orchestrator.recipe.models import code_env
     from provisioners.local.gateway import serve, start_gateway
 
     stop, server, actor = threading.Event(), None, None
+    main = threading.current_thread() is threading.main_thread()  # signals: main thread only
+    handler = signal.getsignal(signal.SIGTERM) if main else None
     try:
         # a module model's package, uploaded once: the driver and its workers inherit it
         ray.init(
@@ -154,6 +192,8 @@ def serve_and_follow(
         )
         if connected is not None:
             connected()
+        elif handler is not None:
+            signal.signal(signal.SIGTERM, handler)  # the program's own (cli.run), not Ray's
         node = controller()
         gateway = start_gateway(spec.gateway)
         server = threading.Thread(
@@ -161,7 +201,18 @@ def serve_and_follow(
         )
         server.start()
         actor = start_driver(spec, job=job, node=None if node is None else node.node_id, env=env)
-        return follow(actor, on_step)
+        try:
+            return follow(actor, on_step)
+        except KeyboardInterrupt:
+            if on_interrupt is None:
+                raise
+            on_interrupt()
+            print(
+                "\nstopping: the driver checkpoints and lets its nodes go "
+                "(Ctrl-C again leaves at once)",
+                file=sys.stderr,
+            )
+        return follow(actor, on_step)  # to ``stopped`` (a second Ctrl-C leaves from here)
     finally:
         if actor is not None:
             ray.kill(actor, no_restart=True)

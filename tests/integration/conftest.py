@@ -62,6 +62,7 @@ RAY = frozenset(
         "test_runtime_tensor_parallel",
         "test_runtime_training",
         "test_straggler",
+        "test_terminal",
     }
 )
 
