@@ -18,7 +18,7 @@ import threading
 from pathlib import Path
 
 from orchestrator.driver.events import read_events
-from orchestrator.driver.job import JOBS_DIR, STOP_FILE, RunOptions, run_job
+from orchestrator.driver.job import JOBS_DIR, RunOptions, ask_to_stop, run_job
 from orchestrator.driver.metrics import METRICS_FILE, read_rows
 from orchestrator.driver.state import JobState, StateStore
 from orchestrator.driver.status import status_row
@@ -96,7 +96,7 @@ class Job:
     def stop(self) -> None:
         """Ask the driver to checkpoint after its current step and free its nodes."""
         self.folder.mkdir(parents=True, exist_ok=True)
-        (self.folder / STOP_FILE).write_text("stop\n")
+        ask_to_stop(self.folder)
 
     def wait(self, timeout_s: float | None = None) -> JobState | None:
         """Wait for a job submitted with ``wait=False``; re-raise what stopped it."""

@@ -24,15 +24,14 @@ from pathlib import Path
 
 from orchestrator.cli.output import format_table, help_text, print_json
 from orchestrator.driver.hosts import ask_stop, refresh
-from orchestrator.driver.job import JOBS_DIR, STOP_FILE
-from orchestrator.driver.state import StateStore
+from orchestrator.driver.job import JOBS_DIR, ask_to_stop
+from orchestrator.driver.state import FINAL_PHASES, StateStore
 from orchestrator.errors import UserError
 from orchestrator.names import job_name_problem
 from provisioners.bootstrap.joined import of_job
 
 CLOUDS = ("aws", "gcp", "azure")  # SkyPilot's VMs are on these clouds and carry the same labels
 JOB_LABEL, EXPIRES_LABEL = "geo-job", "geo-expires"
-FINAL = ("done", "failed", "stopped")
 
 
 @dataclass(frozen=True)
@@ -150,8 +149,8 @@ def run_down(args: argparse.Namespace, catalog) -> int:
         raise UserError(problem, field="JOB", fix="name the job as status lists it")
     folder = args.jobs_dir / args.job
     refresh(folder)  # a job whose controller runs in a cloud: its state from its bucket
-    if StateStore(folder).exists() and StateStore(folder).load().state.phase not in FINAL:
-        (folder / STOP_FILE).write_text("stop\n")  # its driver frees what it tracks, too
+    if StateStore(folder).exists() and StateStore(folder).load().state.phase not in FINAL_PHASES:
+        ask_to_stop(folder)  # its driver frees what it tracks, too
         ask_stop(folder)
         print(f"asked job {args.job}'s driver to stop", file=sys.stderr)
     answers = ask_clouds()

@@ -22,8 +22,8 @@ from orchestrator.catalog import Catalog
 from orchestrator.cli.output import format_table, help_text, print_json
 from orchestrator.driver.events import read_events
 from orchestrator.driver.hosts import ask_stop, refresh
-from orchestrator.driver.job import JOBS_DIR, STOP_FILE
-from orchestrator.driver.state import JobState, StateCorrupt, StateStore
+from orchestrator.driver.job import JOBS_DIR, STOP_FILE, ask_to_stop
+from orchestrator.driver.state import FINAL_PHASES, JobState, StateCorrupt, StateStore
 from orchestrator.driver.status import iso_time, status_row
 from orchestrator.errors import UserError
 from orchestrator.names import job_name_problem
@@ -171,11 +171,11 @@ def _short_ids(line: str) -> str:
 def run_stop(args: argparse.Namespace, catalog: Catalog) -> int:
     folder = _folder(args, args.job)
     state = _load(folder)
-    if state.phase in ("done", "failed", "stopped"):
+    if state.phase in FINAL_PHASES:
         print(f"job {args.job} is not running ({printable(state.phase)})")
         return 0
     try:
-        (folder / STOP_FILE).write_text("stop\n")
+        ask_to_stop(folder)
         ask_stop(folder)
     except OSError as exc:
         raise UserError(

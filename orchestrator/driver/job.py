@@ -36,6 +36,12 @@ from orchestrator.recipe.schema import Recipe
 HOME_VARIABLE = "GEO_ORCHESTRATOR_HOME"
 
 
+def ask_to_stop(folder: Path) -> None:
+    """Ask the job's driver to checkpoint after its current step and free its nodes (it reads
+    the request at each step: assembly.py)."""
+    (folder / STOP_FILE).write_text("stop\n")
+
+
 def jobs_home() -> Path:
     """Where jobs live unless ``--jobs-dir`` says otherwise: ``$GEO_ORCHESTRATOR_HOME/jobs``, else
     ``~/.orchestrator/jobs``: one place per user, so ``status``, ``logs``, ``stop`` and ``down``

@@ -14,6 +14,9 @@ import threading
 from pathlib import Path
 
 from orchestrator.driver.actor import NAMESPACE, DriverSpec, follow, start_driver
+from orchestrator.driver.events import Event, EventLog
+from orchestrator.driver.job import ask_to_stop
+from orchestrator.driver.state import FINAL_PHASES, StateStore
 from orchestrator.errors import UserError
 from orchestrator.recipe.schema import Recipe
 
@@ -57,8 +60,7 @@ def run_on_local_cloud(
         migration_s=MIGRATION_S[cluster.mode],
         launch_timeout_s=provisioner.launch_timeout_s,
     )
-    from orchestrator.driver.job import STOP_FILE
-
+    left = False
     try:
         return serve_and_follow(
             provisioner,
@@ -67,28 +69,26 @@ def run_on_local_cloud(
             address=provisioner.address,
             controller=lambda: provisioner.launch_controller(name=f"{folder.name}-controller"),
             on_step=on_step,
-            on_interrupt=lambda: (folder / STOP_FILE).write_text("stop\n"),
+            on_interrupt=lambda: ask_to_stop(folder),
         )
     except KeyboardInterrupt:
-        provisioner.close()  # the driver and every node go with the local cloud: say so
-        _left_at_once(folder)
+        left = True
         raise
     finally:
         provisioner.close()
+        if left:  # the driver and every node went with the local cloud: the state says so
+            _left_at_once(folder)
 
 
 def _left_at_once(folder: Path) -> None:
     """A job left while running (Ctrl-C twice): its driver and nodes went with this process, so
     its state says stopped, not the phase it was in, and a resubmit resumes it from its newest
     checkpoint."""
-    from orchestrator.driver.events import Event, EventLog
-    from orchestrator.driver.state import StateStore
-
     store = StateStore(folder)
     if not store.exists():
         return
     state = store.load().state
-    if state.phase in ("done", "failed", "stopped"):
+    if state.phase in FINAL_PHASES:
         return
     store.save(state.evolve(phase="stopped", nodes=()))
     EventLog(folder / "events.jsonl").append(

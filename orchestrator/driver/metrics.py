@@ -63,12 +63,10 @@ class StepMetrics:
     def _append(self, lines: list[dict]) -> None:
         if not lines:
             return
-        if _cut_short(self.path):  # end a row cut short by a death mid-write before the next
-            with self.path.open("a", encoding="utf-8") as handle:
-                handle.write("\n")
+        # a row cut short by a death mid-write is ended first; strict JSON: no NaN token
+        text = "".join(json.dumps(line, allow_nan=False) + "\n" for line in lines)
         with self.path.open("a", encoding="utf-8") as handle:
-            for line in lines:  # strict JSON: no NaN token
-                handle.write(json.dumps(line, allow_nan=False) + "\n")
+            handle.write(("\n" if _cut_short(self.path) else "") + text)
 
 
 def read_rows(path: Path) -> list[dict]:

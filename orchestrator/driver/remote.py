@@ -34,13 +34,12 @@ from pathlib import Path
 from orchestrator.driver.job import RunOptions, RunResult, prepare
 from orchestrator.driver.lock import JobLock
 from orchestrator.driver.machine import Choice, StepResult
-from orchestrator.driver.state import JobState, StateStore
+from orchestrator.driver.state import FINAL_PHASES, JobState, StateStore
 from orchestrator.errors import UserError
 from orchestrator.recipe.schema import Recipe
 
 FOLLOW_S = 1.0  # how often the job's state is read (a bucket is polled, not pushed)
 MAX_RELAUNCHES = 3  # controller VMs lost in a row with no step committed between them
-FINAL = ("done", "failed", "stopped")
 
 
 def run_with_controller(
@@ -232,7 +231,7 @@ def _watch(folder: Path, options: RunOptions, *, running, sync, relaunch, log_hi
             saved_since = relaunched_at is None or (
                 state is not None and state.version > relaunched_at
             )
-            final = state is not None and state.phase in FINAL
+            final = state is not None and state.phase in FINAL_PHASES
             if final and saved_since and not (folder / LEAVE_FILE).exists():
                 return state
             lost_in_a_row = lost_in_a_row + 1 if step <= last_step else 1

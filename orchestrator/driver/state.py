@@ -27,6 +27,7 @@ from orchestrator.yamlsrc import file_problem
 
 FORMAT = "geo-orchestrator/job-state-v1"
 MAX_STATE_BYTES = 64 * 1024 * 1024  # a state holds a loss per step: 10 million steps fit
+FINAL_PHASES = ("done", "failed", "stopped")  # a job in one of these runs no more
 
 
 @dataclass(frozen=True, kw_only=True)
