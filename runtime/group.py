@@ -65,7 +65,7 @@ class WorkerGroup:
     def names(self) -> tuple[str, ...]:
         """The actors' names (a named group), in rank order."""
         assert self.name is not None
-        return tuple(_actor_name(self.name, rank) for rank in range(self.layout.world_size))
+        return tuple(_actor_name(self.name, self.layout, r) for r in range(self.layout.world_size))
 
     @classmethod
     def start(
@@ -133,7 +133,7 @@ class WorkerGroup:
                         {}
                         if label is None
                         else {
-                            "name": _actor_name(label, rank),
+                            "name": _actor_name(label, layout, rank),
                             "namespace": NAMESPACE,
                             "lifetime": "detached",
                         }
@@ -172,7 +172,7 @@ class WorkerGroup:
 
         try:
             actors = [
-                ray.get_actor(_actor_name(name, rank), namespace=NAMESPACE)
+                ray.get_actor(_actor_name(name, layout, rank), namespace=NAMESPACE)
                 for rank in range(layout.world_size)
             ]
             nodes = ray.get([a.node.remote() for a in actors], timeout=timeout_s)
@@ -406,5 +406,9 @@ class WorkerGroup:
             remove_placement_group(self.placement)
 
 
-def _actor_name(group: str, rank: int) -> str:
-    return f"{group}-{rank}"
+def _actor_name(group: str, layout: Layout, rank: int) -> str:
+    """A worker's name says its role and place, as ``ray list actors`` and the dashboard show it:
+    ``<group>-3-stage1-dp0@local/sim-us/sim-us-a`` (``-tp1`` for a tensor-parallel rank)."""
+    worker = layout.workers[rank]
+    tp = f"-tp{worker.tp_rank}" if worker.tp > 1 else ""
+    return f"{group}-{rank}-stage{worker.stage}-dp{worker.replica}{tp}@{worker.place}"

@@ -15,11 +15,12 @@ files hold is printed with control characters escaped.
 from __future__ import annotations
 
 import argparse
-import re
+import sys
 from pathlib import Path
 
 from orchestrator.catalog import Catalog
 from orchestrator.cli.output import format_table, help_text, print_json
+from orchestrator.cli.watch import Terminal, follow_job, short_ids
 from orchestrator.driver.events import read_events
 from orchestrator.driver.hosts import ask_stop, refresh
 from orchestrator.driver.job import JOBS_DIR, STOP_FILE, ask_to_stop
@@ -49,10 +50,19 @@ def add_jobs(commands: argparse._SubParsersAction, formatter: type) -> None:
         "logs",
         help="a job's event log",
         formatter_class=formatter,
-        description="A job's events, oldest first: time, event, decision, reason, details.",
-        epilog="example:\n  python -m orchestrator logs quickstart",
+        description="A job's events, oldest first: time, event, decision, reason, details; with "
+        "-f, then each new one as it comes, its steps and its workers' output until it ends.",
+        epilog="examples:\n  python -m orchestrator logs quickstart\n"
+        "  python -m orchestrator logs -f quickstart",
     )
     logs.add_argument("job")
+    logs.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="go on printing its events, a line per 10th step and its workers' output until the "
+        "job ends (Ctrl-C stops following, not the job)",
+    )
     stop = commands.add_parser(
         "stop",
         help="stop a running job",
@@ -146,6 +156,8 @@ def run_logs(args: argparse.Namespace, catalog: Catalog) -> int:
             file=str(path),
             fix="move it away: the job's driver writes a new log there",
         )
+    if args.follow:
+        return _follow(args.job, folder, as_json=args.json)
     events = list(read_events(path))
     if args.json:
         print_json({"job": args.job, "events": events})
@@ -156,16 +168,20 @@ def run_logs(args: argparse.Namespace, catalog: Catalog) -> int:
         details = event.get("details")
         if details:
             parts.append(", ".join(f"{k}={v}" for k, v in details.items()))
-        print(printable(_short_ids("  ".join(str(p) for p in parts))))
+        print(printable(short_ids("  ".join(str(p) for p in parts))))
     return 0
 
 
-# a Ray node id is 56 hex digits; its first 12 tell the job's nodes apart (--json keeps them whole)
-_RAY_NODE_ID = re.compile(r"\b([0-9a-f]{12})[0-9a-f]{44}\b")
-
-
-def _short_ids(line: str) -> str:
-    return _RAY_NODE_ID.sub(r"\1…", line)
+def _follow(job: str, folder: Path, *, as_json: bool) -> int:
+    if as_json:
+        raise UserError("logs --follow prints lines as they come", fix="drop --json or --follow")
+    try:
+        end = follow_job(folder, Terminal(sys.stdout))
+    except KeyboardInterrupt:
+        print(f"\nstopped following job {job}; it goes on (python -m orchestrator stop {job})")
+        return 0
+    print(f"job {job}: {printable(end)}")
+    return 0 if end == "done" else 1
 
 
 def run_stop(args: argparse.Namespace, catalog: Catalog) -> int:

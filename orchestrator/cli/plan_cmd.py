@@ -184,6 +184,13 @@ def _print(recipe: Recipe, result: SearchResult, reasons: list[str], args) -> No
     print("\npeak_gib: the fullest GPU's peak memory / its capacity; egress: share of the cost")
     for rank, reason in enumerate(reasons, start=2):
         print(f"{rank}: {reason}")
+    if recipe.provider == "local" and recipe.model.profile == "auto":
+        print(
+            "note: these figures use the profile estimated for the GPU types and the catalog's "
+            "local prices; submit first times the model on this machine and plans on the local "
+            f"market's live offers, so its plan and figures can differ: python -m orchestrator "
+            f"submit {args.recipe} --dry-run shows them"
+        )
     if args.output is not None:
         print(
             f"\nbest plan written to {args.output}; its breakdown: "

@@ -7,16 +7,13 @@ from pathlib import Path
 
 from orchestrator.catalog import Catalog
 from orchestrator.cli.output import format_table, print_json
-from orchestrator.plan import Plan, PlanError, load_plan
-from orchestrator.profiles import profile_for_recipe
+from orchestrator.plan import Plan, load_plan
+from orchestrator.planner import given_plan
 from orchestrator.recipe import Recipe, load_recipe
 from orchestrator.simulator import (
     Estimate,
-    check_plan_runs,
     latency_aware_plan_warmup,
-    normalize_plan,
     simulate,
-    views_for,
 )
 from orchestrator.simulator.core import describe_bottleneck
 
@@ -50,23 +47,9 @@ def estimate_plan(
 ) -> tuple[Plan, Estimate, dict | None]:
     """Check ``plan`` against the recipe, the catalog and the profile, then simulate it. The third
     value suggests a latency-aware warm-up when a link's round trip paces a pipeline."""
-    plan = normalize_plan(plan, catalog)
-    if plan.global_batch_size != recipe.training.global_batch_size:
-        raise PlanError(
-            f"the plan's global_batch_size {plan.global_batch_size} differs from the recipe's "
-            f"{recipe.training.global_batch_size}",
-            field="global_batch_size",
-            fix="use the recipe's global batch size in the plan",
-        )
-    market = catalog.market(recipe.provider, recipe.market_file())
-    network, prices, settings = views_for(catalog, market)
-    gpus = {r.gpu for stage in plan.stages for r in stage.replicas}
-    tps = {r.tp for stage in plan.stages for r in stage.replicas}
-    profile = profile_for_recipe(
-        recipe, gpus, catalog, microbatch_sizes=[plan.microbatch_size], tp_degrees=tps
-    )
-    check_plan_runs(plan, profile, network, prices)
-    estimate = simulate(profile, plan, network=network, prices=prices, settings=settings)
+    given = given_plan(recipe, plan, catalog)
+    plan, estimate, profile, network = given.plan, given.estimate, given.profile, given.network
+    prices, settings = given.prices, given.settings
     suggestion = None
     if estimate.bottleneck.startswith("loop"):
         warmup = latency_aware_plan_warmup(profile, plan, network)

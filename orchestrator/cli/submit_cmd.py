@@ -20,18 +20,22 @@ node's death ``--notice-s`` market seconds later. ``--lose-at STEP`` takes one w
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 from orchestrator.catalog import Catalog
 from orchestrator.cli.output import help_text
+from orchestrator.cli.watch import OUTPUT_LOG, EventFollower, OutputCopy, Terminal
 from orchestrator.driver.actor import DriverCrashed
 from orchestrator.driver.events import read_events
-from orchestrator.driver.job import JOBS_DIR, RunOptions, RunResult, run_job
-from orchestrator.driver.machine import StepResult
-from orchestrator.driver.state import JobState
+from orchestrator.driver.job import JOBS_DIR, NotConfirmed, RunOptions, RunResult, run_job
+from orchestrator.driver.machine import Choice, StepResult
+from orchestrator.driver.state import FINAL_PHASES, JobState, StateStore
+from orchestrator.errors import UserError
 
 
 def add_submit(commands: argparse._SubParsersAction, formatter: type) -> None:
@@ -86,12 +90,47 @@ def add_submit(commands: argparse._SubParsersAction, formatter: type) -> None:
         "(python -m orchestrator emulate), each instance boots as a namespace VM from its boot "
         "script, and the job's controller runs in a VM there: Ctrl-C leaves the job running",
     )
+    p.add_argument(
+        "--plan",
+        type=Path,
+        metavar="PLAN",
+        help="run this plan (plan -o writes one) rather than the planner's choice; the driver keeps "
+        "to it while the market can hold it, then re-plans",
+    )
+    p.add_argument(
+        "-y", "--yes", action="store_true", help="start without asking (the plan is still shown)"
+    )
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="show the plan and its predicted rate and price, then stop: nothing is rented",
+    )
+    p.add_argument(
+        "--detach",
+        action="store_true",
+        help="once the plan is confirmed, run the job in a process of its own that outlives this "
+        "terminal, and return; follow it with logs -f JOB, stop it with stop JOB",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress line")
     p.set_defaults(run=run_submit)
 
 
 def run_submit(args: argparse.Namespace, catalog: Catalog) -> int:
-    progress = _Progress(quiet=args.quiet)
+    if args.detach and args.emulate:
+        raise UserError(
+            "--emulate already leaves the job running in its controller VM",
+            field="--detach",
+            fix="drop --detach",
+        )
+    terminal = Terminal()
+    progress = _Progress(terminal, quiet=args.quiet)
+    watch = _Watch(terminal)
+    answer = {"go": False}
+
+    def confirm(choice: Choice, steps: int) -> bool:
+        answer["go"] = _confirm(choice, steps, args, terminal)
+        return answer["go"] and not args.detach  # a detached job runs in a process of its own
+
     options = RunOptions(
         jobs_dir=args.jobs_dir,
         preempt_at=tuple(args.preempt_at),
@@ -99,29 +138,196 @@ def run_submit(args: argparse.Namespace, catalog: Catalog) -> int:
         preempt_driver_at=tuple(args.preempt_driver_at),
         notice_s=args.notice_s,
         on_step=progress.show,
+        on_folder=watch.open,
+        plan_file=args.plan,
+        confirm=confirm,
         from_scratch=args.from_scratch,
         vms=args.vms,
         emulate=args.emulate,
         controller_vm=args.emulate,
     )
     try:
-        result = run_job(args.recipe, catalog, options)
+        try:
+            result = run_job(args.recipe, catalog, options)
+        finally:
+            watch.stop_following()
+        try:
+            _summary(result)
+        finally:
+            watch.close()
+    except NotConfirmed as declined:
+        watch.close()
+        if args.detach and answer["go"]:
+            return _detach(args, declined.folder)
+        print("dry run: nothing rented" if args.dry_run else "not started: nothing rented")
+        return 0 if args.dry_run else 1
     except DriverCrashed as crash:
         print(f"\nerror: the job's driver stopped: {crash}", file=sys.stderr)
         return 1
-    _summary(result)
     return 0 if result.state.phase == "done" else 1
 
 
-class _Progress:
-    """One line, rewritten in place on a terminal; otherwise a line each time the job passes a
-    10th step (a follower that reads the job's state now and then may not see every step)."""
+def _confirm(choice: Choice, steps: int, args: argparse.Namespace, terminal: Terminal) -> bool:
+    """Show the plan the job starts on, its predicted rate and price; ask before renting where a
+    person is at the terminal (not with -y or --dry-run)."""
+    nodes = sum(r.count for r in choice.requests)
+    batch = choice.plan.global_batch_size
+    seconds = steps * batch / choice.samples_per_s if choice.samples_per_s else float("inf")
+    usd = seconds * choice.usd_per_hour / 3600 + steps * choice.egress_usd_per_step
+    print(f"plan: {choice.summary}")
+    print(
+        f"  {nodes} node{'s' if nodes != 1 else ''}; predicted {choice.samples_per_s:,.3g} "
+        f"samples/s; {_usd(choice.usd_per_hour)}/h for the GPUs + "
+        f"{_usd(choice.egress_usd_per_step)} egress per step"
+    )
+    print(f"  {steps} steps: about {_duration(seconds)} and {_usd(usd)}, as predicted")
+    if choice.note:
+        print(f"  note: {choice.note}")
+    sys.stdout.flush()
+    if args.dry_run:
+        return False
+    if args.yes or not (sys.stdin.isatty() and terminal.tty):
+        return True  # no one to ask (a script, a file): going on is what was asked for
+    try:
+        answer = input(f"Launch {nodes} node{'s' if nodes != 1 else ''} and train? [Y/n] ")
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("", "y", "yes")
 
-    def __init__(self, *, quiet: bool) -> None:
-        self.quiet = quiet
-        self.tty = sys.stderr.isatty()
+
+def _usd(amount: float) -> str:
+    """Dollars to a few significant digits, never in e-notation ($0.0000433)."""
+    digits = 2 if amount >= 0.1 or amount <= 0 else 2 - math.floor(math.log10(amount))
+    return f"${amount:.{min(digits, 8)}f}"
+
+
+def _duration(seconds: float) -> str:
+    if seconds == float("inf"):
+        return "forever"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
+DETACH_START_S = 120.0  # a detached job's process takes its job's lock within this long
+
+
+def _detach(args: argparse.Namespace, folder: Path) -> int:
+    """Run the confirmed job in a process of its own, in a session of its own (a closed terminal
+    does not end it), and return once it holds the job's lock (it runs the job)."""
+    child = subprocess.Popen(
+        _child_command(args),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,  # it copies what it prints to the job's output.log
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + DETACH_START_S
+    while not _running(folder, child.pid):
+        try:
+            code = child.wait(timeout=0.2)
+        except subprocess.TimeoutExpired:
+            if time.monotonic() < deadline:
+                continue
+            print(
+                f"error: job {folder.name}'s process (pid {child.pid}) has not started it after "
+                f"{DETACH_START_S:.0f} s; see {folder / OUTPUT_LOG}",
+                file=sys.stderr,
+            )
+            return 1
+        print(
+            f"error: job {folder.name}'s process ended at once (exit {code}); see "
+            f"{folder / OUTPUT_LOG}",
+            file=sys.stderr,
+        )
+        return 1
+    job = folder.name
+    print(
+        f"job {job} runs in the background (pid {child.pid}); it goes on when this terminal closes"
+    )
+    print(f"  follow it: python -m orchestrator logs -f {job}")
+    print(f"  its state: python -m orchestrator status {job}")
+    print(f"  stop it:   python -m orchestrator stop {job}")
+    return 0
+
+
+def _running(folder: Path, pid: int) -> bool:
+    """Whether process ``pid`` holds the job's lock and the job's state is its run's (not the
+    phase an earlier run ended in)."""
+    from orchestrator.driver.lock import holder
+
+    if (holder(folder) or {}).get("pid") != pid:
+        return False
+    try:
+        return StateStore(folder).load().state.phase not in FINAL_PHASES
+    except UserError:
+        return False
+
+
+def _child_command(args: argparse.Namespace) -> list[str]:
+    """The submit the detached process runs: this one's, confirmed, with absolute paths."""
+    command = [sys.executable, "-m", "orchestrator"]
+    if args.configs is not None:
+        command += ["--configs", str(Path(args.configs).resolve())]
+    command += ["submit", str(args.recipe.resolve()), "--yes", "--jobs-dir"]
+    command.append(str(Path(args.jobs_dir).resolve()))
+    for flag, steps in (
+        ("--preempt-at", args.preempt_at),
+        ("--lose-at", args.lose_at),
+        ("--preempt-driver-at", args.preempt_driver_at),
+    ):
+        for step in steps:
+            command += [flag, str(step)]
+    if args.notice_s is not None:
+        command += ["--notice-s", repr(args.notice_s)]
+    if args.vms is not None:
+        command += ["--vms", args.vms]
+    if args.plan is not None:
+        command += ["--plan", str(args.plan.resolve())]
+    if args.from_scratch:
+        command.append("--from-scratch")
+    return command
+
+
+class _Watch:
+    """Once the job's folder is known: its events printed as they come, and the output copied to
+    its output.log (watch.py)."""
+
+    def __init__(self, terminal: Terminal) -> None:
+        self.terminal = terminal
+        self.follower: EventFollower | None = None
+        self.copy: OutputCopy | None = None
+        self.folder: Path | None = None
+
+    def open(self, folder: Path) -> None:
+        self.folder = folder
+        try:
+            self.copy = OutputCopy(folder)
+        except OSError as exc:  # the job's own writes name the folder's problem
+            print(f"note: no copy of this output in {folder}: {exc.strerror}", file=sys.stderr)
+        self.follower = EventFollower(folder / "events.jsonl", self.terminal).start()
+
+    def stop_following(self) -> None:
+        if self.follower is not None:
+            self.follower.close()
+        self.terminal.end_progress()
+
+    def close(self) -> None:
+        self.stop_following()
+        if self.copy is not None:
+            print(f"output: {self.copy.path}")
+            self.copy.close()
+            self.copy = None
+
+
+class _Progress:
+    """A line per 10th step, and on a terminal the latest step in between, rewritten in place (a
+    follower that reads the job's state now and then may not see every step)."""
+
+    def __init__(self, terminal: Terminal, *, quiet: bool) -> None:
+        self.terminal, self.quiet = terminal, quiet
         self.marks: list[tuple[float, int]] = []
-        self.printed = -1
+        self.kept = -1
 
     def show(self, state: JobState, result: StepResult) -> None:
         now = time.monotonic()
@@ -129,17 +335,19 @@ class _Progress:
         (t0, s0), rate = self.marks[0], 0.0
         if now > t0 and state.step > s0:
             rate = (state.step - s0) / (now - t0)
-        if self.quiet or (not self.tty and state.step // 10 <= self.printed // 10):
+        keep = state.step // 10 > self.kept // 10 or state.step == state.steps_total
+        if self.quiet or (not self.terminal.tty and not keep):
             return
-        self.printed = state.step
-        eta = (state.steps_total - state.step) / rate if rate else float("nan")
+        if keep:
+            self.kept = state.step
         spent = state.compute_usd + state.egress_usd
-        samples_per_s = rate * state.global_batch_size
         line = (
             f"step {state.step}/{state.steps_total}  loss {result.loss:.4f}  "
-            f"{samples_per_s:,.0f} samples/s  ${spent:.5f} spent  ETA {eta:.0f} s"
+            f"{rate * state.global_batch_size:,.0f} samples/s  ${spent:.5f} spent"
         )
-        print(("\r" + line) if self.tty else line, end="" if self.tty else "\n", file=sys.stderr)
+        if rate:
+            line += f"  ETA {(state.steps_total - state.step) / rate:.0f} s"
+        self.terminal.progress(line, keep=keep)
 
 
 def _why(state: JobState, events: list[dict]) -> None:

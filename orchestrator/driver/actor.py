@@ -54,6 +54,9 @@ class DriverSpec:
     # a cloud provider's world (driver/cloud.py CloudSpec): the actor builds the provider's adapter
     # itself; None: the local cloud, reached through the gateway
     cloud: object | None = None
+    # the plan to start on (its to_dict): the one shown before renting, or submit --plan's; the
+    # driver keeps to it while the market can hold it (market_plans.py)
+    given_plan: dict | None = None
 
 
 class DriverActor:

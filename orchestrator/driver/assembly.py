@@ -15,6 +15,7 @@ from orchestrator.driver.job import STOP_FILE, job_folder, signing_key
 from orchestrator.driver.machine import Driver, DriverConfig, StepResult
 from orchestrator.driver.metrics import METRICS_FILE, DashboardMetrics, StepMetrics
 from orchestrator.driver.state import JobState, StateStore
+from orchestrator.plan import plan_from_dict
 
 CAPACITY_WAIT_S = 300.0  # after a loss, how long to wait for the market to have room again
 
@@ -89,6 +90,7 @@ def build_driver(
             catalog,
             provisioner,
             progress=lambda: (driver.state.step, time.time() - driver.state.started_at_s),
+            given=plan_from_dict(spec.given_plan) if spec.given_plan else None,
         ),
         cloud=ProvisionerCloud(provisioner, launch_timeout_s=spec.launch_timeout_s),
         trainer=trainer,

@@ -9,6 +9,14 @@ from orchestrator.driver.state import JobState
 LOCATION_OUTAGE_S = 3600.0  # market seconds a location preempted as a whole offers nothing
 
 
+_TAKES = {  # what the market does, per kind of chaos
+    "node": "takes back, with notice, node",
+    "lose": "takes, without notice, node",
+    "location": "takes back every node in the location of node",
+    "driver": "takes back the driver's node",
+}
+
+
 class ChaosSchedule:
     """The seeded chaos of the local cloud: after the listed steps the market takes back the
     first node of the job (by id) with notice or without, every node the job holds in that node's
@@ -63,7 +71,7 @@ class ChaosSchedule:
                 Event(
                     event="chaos",
                     decision="",
-                    reason=f"the market takes {what}: node {node}",
+                    reason=f"after step {step} the market {_TAKES[what]} {node}",
                     details={"kind": what, "node": node, "step": step},
                 )
             )

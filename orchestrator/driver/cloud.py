@@ -412,6 +412,7 @@ def run_on_emulated_cloud(
             market,
             spec,
             job=folder.name,
+            folder=folder,
             address=address,
             controller=lambda: None,  # the head, in the controller VM
             on_step=on_step,

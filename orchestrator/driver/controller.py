@@ -271,6 +271,7 @@ def _serve(folder: Path, launch: dict, hosted: Hosted):
             market or _NoChaos(),
             spec,
             job=folder.name,
+            folder=folder,
             address=head.address,
             controller=lambda: None,  # the driver on the head, in this VM
             on_step=None,

@@ -71,6 +71,32 @@ def read_events(path: Path) -> Iterator[dict]:
                 yield record
 
 
+class LogTail:
+    """The records appended to a JSON-lines log since the last ``read()``: complete lines only
+    (a line being written is read once it ends), from the log's end at creation (``from_start``:
+    from its first line). ``parse`` turns one line into a record or None (skipped)."""
+
+    READ_BYTES = 16 * 1024 * 1024  # at most this much per read: a follower catches up in steps
+
+    def __init__(self, path: Path, *, from_start: bool = False, parse=None) -> None:
+        self.path, self.parse = path, parse or _parse
+        self.offset = 0 if from_start or not path.is_file() else path.stat().st_size
+
+    def read(self) -> list[dict]:
+        if not self.path.is_file():
+            return []
+        with self.path.open("rb") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            if size < self.offset:  # the log was replaced: read the new one from its start
+                self.offset = 0
+            handle.seek(self.offset)
+            data = handle.read(min(size - self.offset, self.READ_BYTES))
+        end = data.rfind(b"\n") + 1  # the rest is a line still being written
+        self.offset += end
+        lines = data[:end].splitlines()
+        return [r for line in lines if len(line) <= MAX_LINE_BYTES and (r := self.parse(line))]
+
+
 def _parse(line: bytes) -> dict | None:
     try:
         record = json.loads(line.decode("utf-8"))

@@ -68,6 +68,9 @@ class RunOptions:
     lose_at: tuple[int, ...] = ()  # steps after which the market takes a node without notice
     notice_s: float | None = None  # None: the recipe's local_cloud.notice_s
     on_step: Callable[[JobState, StepResult], None] | None = None
+    # called with the job's folder once it is known, before anything is written there (the CLI
+    # follows its event log and copies its output there)
+    on_folder: Callable[[Path], None] | None = None
     # start the job again from step 0 even if it has state (its checkpoints are then unused)
     from_scratch: bool = False
     vms: str | None = None  # None: the recipe's local_cloud.vms
@@ -76,6 +79,10 @@ class RunOptions:
     emulate: bool = False
     # the emulated cloud's refusals: (zone or region, EC2 error code), e.g. no capacity there
     emulated_refusals: tuple[tuple[str, str], ...] = ()
+    # the plan to run (submit --plan FILE) instead of the planner's first choice
+    plan_file: Path | None = None
+    # shown the first plan and the steps left before anything is rented: go on (True) or not
+    confirm: Callable[[Choice, int], bool] | None = None
     # emulate: the job's controller (Ray head, driver) in a VM of the standing emulated cloud
     # (standing.py, controller.py), which goes on when this process goes; False: in this process
     controller_vm: bool = False
@@ -149,17 +156,43 @@ def run_job(recipe_path: Path, catalog: Catalog, options: RunOptions) -> RunResu
                 fix=f"write provider: {', '.join(HOSTED)} (the same GPUs through that cloud's own "
                 f"API), or plan and simulate for {recipe.provider}",
             )
+    if options.plan_file is not None and recipe.provider != "local":
+        raise UserError(
+            f"--plan runs a given plan on the local cloud; this recipe's provider is "
+            f"{recipe.provider}",
+            file=str(recipe_path),
+            field="provider",
+            fix="drop --plan (the driver plans on the provider's market), or write provider: local",
+        )
     folder = job_folder(recipe, recipe_path, options.jobs_dir)
     if recipe.provider != "local" and (options.controller_vm or not options.emulate):
         from orchestrator.driver.remote import run_with_controller
 
+        if options.on_folder is not None:
+            options.on_folder(folder)
         return run_with_controller(recipe, recipe_path, folder, options)
     with JobLock.acquire(folder, job=folder.name):  # one running driver per job
-        return _run_locked(recipe, recipe_path, folder, options)
+        return _run_locked(recipe, recipe_path, folder, options, catalog)
 
 
-def _run_locked(recipe: Recipe, recipe_path: Path, folder: Path, options: RunOptions) -> RunResult:
+def _run_locked(
+    recipe: Recipe, recipe_path: Path, folder: Path, options: RunOptions, catalog: Catalog
+) -> RunResult:
+    if options.on_folder is not None:
+        options.on_folder(folder)
+    given = None
+    if not options.emulate:  # the local cloud: its plan and price before anything is rented
+        from orchestrator.driver.local import first_choice
+
+        measured = profiled(recipe, recipe_path, folder)
+        choice = first_choice(measured, recipe_path, catalog, plan_file=options.plan_file)
+        steps_left = recipe.training.steps - _resumed_step(folder, options.from_scratch)
+        if options.confirm is not None and not options.confirm(choice, steps_left):
+            raise NotConfirmed(choice, folder)
+        given = choice.plan.to_dict()
+    archive_ended_run(folder, from_scratch=options.from_scratch)
     recipe, spec = prepare(recipe, recipe_path, folder, options)
+    spec = dataclasses.replace(spec, given_plan=given)
     started = time.monotonic()
     world = {
         "folder": folder,
@@ -186,15 +219,8 @@ def prepare(
     """Ready the job's folder for a driver (with the job's lock held): its profile, its signing
     key, its state (new, resumed, or planned again after a stop); the recipe as the driver
     reads it and the driver's spec."""
-    from orchestrator.driver.local import host_gpus, measured_here
-
     if recipe.provider == "local" or options.emulate:
-        # a worker there is a CPU slot standing in for a GPU, or this machine's GPU: this
-        # machine's times are its own; a real cloud's GPUs are not this machine's (the recipe's
-        # profile mode holds there)
-        local_gpu = recipe.provider == "local" and host_gpus(recipe.local_cloud.devices) > 0
-        device = "cuda" if local_gpu else "cpu"
-        recipe = measured_here(recipe, folder, recipe_path.parent, device=device)
+        recipe = profiled(recipe, recipe_path, folder)
     recipe = absolute_paths(recipe)
     (folder / STOP_FILE).unlink(missing_ok=True)  # a stop asked of an earlier run
     signing_key(folder)  # made now, in the submitting user's folder, with its owner's rights
@@ -216,6 +242,71 @@ def prepare(
         lose_at=options.lose_at,
     )
     return recipe, spec
+
+
+RUN_FILES = ("events.jsonl", "metrics.jsonl", "output.log", "driver.log", "ray-logs")
+
+
+def archive_ended_run(folder: Path, *, from_scratch: bool) -> Path | None:
+    """Before a new run of a job that finished (or one started again ``from_scratch``): its
+    earlier run's logs move to ``runs/<run id>/``, so the new run's event log, metrics and
+    output are its own. Returns where they went (None: no new run, or nothing to move)."""
+    store = StateStore(folder)
+    if not store.exists():
+        return None
+    try:
+        state = store.load().state
+    except UserError:
+        return None  # an unreadable state: _state says so
+    if state.phase != "done" and not from_scratch:
+        return None  # resumed: the same run goes on in the same logs
+    run = state.run_id or f"{state.job}-{int(state.started_at_s)}"
+    target = folder / "runs" / run
+    moved = [name for name in RUN_FILES if (folder / name).exists() or (folder / name).is_symlink()]
+    if not moved:
+        return None
+    target.mkdir(parents=True, exist_ok=True)
+    for name in moved:
+        (folder / name).rename(target / name)
+    print(
+        f"job {state.job}: its run {run} ended {state.phase} at step {state.step}; this submit "
+        f"starts a new run (the earlier one's logs: {target})",
+        file=sys.stderr,
+    )
+    return target
+
+
+def profiled(recipe: Recipe, recipe_path: Path, folder: Path) -> Recipe:
+    """The recipe with its profile measured on this machine (``profile: auto``; kept in the job's
+    folder): a local or emulated cloud's worker is a CPU slot standing in for a GPU, or this
+    machine's GPU, so this machine's times are its own (a real cloud's GPUs are not this
+    machine's: the recipe's profile mode holds there)."""
+    from orchestrator.driver.local import host_gpus, measured_here
+
+    local_gpu = recipe.provider == "local" and host_gpus(recipe.local_cloud.devices) > 0
+    device = "cuda" if local_gpu else "cpu"
+    return measured_here(recipe, folder, recipe_path.parent, device=device)
+
+
+def _resumed_step(folder: Path, from_scratch: bool) -> int:
+    """The step a submit goes on from: the saved state's, when it resumes the job."""
+    store = StateStore(folder)
+    if from_scratch or not store.exists():
+        return 0
+    try:
+        state = store.load().state
+    except UserError:
+        return 0  # prepare says what is wrong with it
+    return 0 if state.phase == "done" else state.step
+
+
+class NotConfirmed(Exception):
+    """The plan shown before renting was not confirmed (``--dry-run``, or a "no"): nothing was
+    rented and the job's state is as it was."""
+
+    def __init__(self, choice: Choice, folder: Path) -> None:
+        super().__init__("not confirmed")
+        self.choice, self.folder = choice, folder
 
 
 def _check_credentials(provider: str, recipe_path: Path) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
+import shutil
 import signal
 import sys
 import threading
@@ -16,6 +18,7 @@ from pathlib import Path
 from orchestrator.driver.actor import NAMESPACE, DriverSpec, follow, start_driver
 from orchestrator.driver.events import Event, EventLog
 from orchestrator.driver.job import ask_to_stop
+from orchestrator.driver.machine import Choice
 from orchestrator.driver.state import FINAL_PHASES, StateStore
 from orchestrator.errors import UserError
 from orchestrator.recipe.schema import Recipe
@@ -23,6 +26,7 @@ from orchestrator.recipe.schema import Recipe
 # a move's pause on the local cloud until one is measured (bench/recovery.py --path checkpoint,
 # BENCHMARKS.md): a restart from a checkpoint on a node booted as a process, or as a namespace VM
 MIGRATION_S = {"processes": 5.0, "namespaces": 13.0}
+RAY_LOGS = "ray-logs"  # in the job's folder: Ray's own logs of the job's cluster
 
 
 def run_on_local_cloud(
@@ -46,6 +50,7 @@ def run_on_local_cloud(
         wanted=vms or local.vms,
         grace_s=recipe.recovery.controller_grace_s,
         host_gpus=host_gpus(local.devices),
+        dashboard=True,
     )
     provisioner = LocalProvisioner(
         seed=recipe.training.seed,
@@ -70,6 +75,8 @@ def run_on_local_cloud(
             controller=lambda: provisioner.launch_controller(name=f"{folder.name}-controller"),
             on_step=on_step,
             on_interrupt=lambda: ask_to_stop(folder),
+            folder=folder,
+            expose=cluster.reachable,
         )
     except KeyboardInterrupt:
         left = True
@@ -78,6 +85,35 @@ def run_on_local_cloud(
         provisioner.close()
         if left:  # the driver and every node went with the local cloud: the state says so
             _left_at_once(folder)
+
+
+def first_choice(
+    recipe: Recipe, recipe_path: Path, catalog, *, plan_file: Path | None = None
+) -> Choice:
+    """The plan the job starts on and its price, before anything is rented: the planner's best on
+    the local market now, or the plan in ``plan_file`` checked against that market (UserError
+    when it does not fit). Nothing starts: the market is read, no VM boots."""
+    from orchestrator.driver.market_plans import MarketPlans
+    from orchestrator.plan import PlanError, load_plan
+    from provisioners.local.provisioner import LocalProvisioner
+
+    market = LocalProvisioner(
+        seed=recipe.training.seed, offers_file=local_offers(recipe, recipe_path.parent)
+    )
+    given = None if plan_file is None else load_plan(plan_file)
+    plans = MarketPlans(recipe, catalog, market, given=given)
+    if given is None:
+        return plans.choose(excluded=frozenset(), held={})
+    try:
+        return plans.given_choice(plans.market({}))
+    except PlanError as error:  # the plan itself: its batch, its layers, its memory
+        raise PlanError(error.message, file=str(plan_file), fix=error.fix) from None
+    except UserError as error:
+        raise UserError(
+            f"the plan does not fit the local market now: {error.message}",
+            file=str(plan_file),
+            fix=f"write a plan for this market: python -m orchestrator plan {recipe_path} -o PLAN",
+        ) from None
 
 
 def _left_at_once(folder: Path) -> None:
@@ -110,6 +146,7 @@ def local_vms(
     wanted: str,
     grace_s: float,
     host_gpus: int = 0,
+    dashboard: bool = False,
 ):
     """The local cloud's VMs: network namespaces booted by the node bootstrap where this machine
     allows them (``auto``, ``namespaces``), else Ray nodes on this machine's network; says which.
@@ -129,7 +166,11 @@ def local_vms(
                 file=sys.stderr,
             )
             return vms.NamespaceCluster(
-                job=job, folder=folder / "vms", grace_s=grace_s, host_gpus=host_gpus
+                job=job,
+                folder=folder / "vms",
+                grace_s=grace_s,
+                host_gpus=host_gpus,
+                dashboard=dashboard,
             )
         if wanted == "namespaces":
             raise UserError(
@@ -141,7 +182,7 @@ def local_vms(
         print(f"local cloud: each VM is a process on this machine ({reason})", file=sys.stderr)
     else:
         print("local cloud: each VM is a process on this machine (vms: processes)", file=sys.stderr)
-    return LocalCluster(host_gpus=host_gpus)
+    return LocalCluster(host_gpus=host_gpus, dashboard=dashboard)
 
 
 def host_gpus(devices: str) -> int:
@@ -165,6 +206,8 @@ def serve_and_follow(
     env=None,
     connected=None,
     on_interrupt=None,
+    folder: Path | None = None,
+    expose=None,
 ):
     """Join the cluster at ``address``, serve ``service`` (the local cloud's API, or an emulated
     provider's market) to the driver actor through the gateway, start the driver on the node
@@ -173,23 +216,28 @@ def serve_and_follow(
     has joined the cluster (Ray's ``init`` sets its own SIGTERM handler: a caller replaces it
     there). ``on_interrupt()``: asks the job to stop cleanly on the first Ctrl-C (the driver
     checkpoints and lets its nodes go; this process follows it to ``stopped``); a second one
-    leaves at once (None: the first does)."""
+    leaves at once (None: the first does). ``folder``: the job's, where Ray's logs are kept.
+    ``expose(host, port)``: a port of the cluster's network as this machine reaches it (the
+    dashboard and the driver's metrics are then announced; None: they are not)."""
     import ray
 
     from orchestrator.recipe.models import code_env
     from provisioners.local.gateway import serve, start_gateway
 
-    stop, server, actor = threading.Event(), None, None
+    stop, server, actor, ray_logs = threading.Event(), None, None, None
     main = threading.current_thread() is threading.main_thread()  # signals: main thread only
     handler = signal.getsignal(signal.SIGTERM) if main else None
     try:
         # a module model's package, uploaded once: the driver and its workers inherit it
-        ray.init(
+        # Ray's own lines (connecting, a raylet's end) go to its logs, not the terminal
+        context = ray.init(
             address=address,
             log_to_driver=False,
+            logging_level=logging.WARNING,
             namespace=NAMESPACE,
             runtime_env=code_env(spec.recipe.model),
         )
+        ray_logs = link_ray_logs(folder)
         if connected is not None:
             connected()
         elif handler is not None:
@@ -201,6 +249,8 @@ def serve_and_follow(
         )
         server.start()
         actor = start_driver(spec, job=job, node=None if node is None else node.node_id, env=env)
+        if expose is not None:
+            announce_endpoints(context, actor, expose, folder)
         try:
             return follow(actor, on_step)
         except KeyboardInterrupt:
@@ -221,6 +271,75 @@ def serve_and_follow(
             server.join(timeout=10)
         if ray.is_initialized():
             ray.shutdown()
+        if ray_logs is not None:
+            keep_ray_logs(folder, ray_logs)
+        if folder is not None:
+            (folder / ENDPOINTS_FILE).unlink(missing_ok=True)  # gone with the cluster
+
+
+ENDPOINTS_FILE = "endpoints.json"  # in the job's folder while it runs: its dashboard, its metrics
+
+
+def announce_endpoints(context, actor, expose, folder: Path | None) -> dict:
+    """Say where the job's Ray dashboard (and its HTTP API: ``ray list actors``) and the
+    driver's Prometheus metrics answer from this machine; kept in the job's folder while it
+    runs. A part Ray does not report is left out."""
+    import ray
+
+    found = {}
+    if context.dashboard_url:
+        host, _, port = context.dashboard_url.rpartition(":")
+        found["dashboard"] = f"http://{expose(host, int(port))}"
+    node_id = ray.get(actor.progress.remote(-1, 0.0))["node"]  # where the driver runs
+    for node in ray.nodes():
+        if node["NodeID"] == node_id and node.get("MetricsExportPort"):
+            where = expose(node["NodeManagerAddress"], int(node["MetricsExportPort"]))
+            found["metrics"] = f"http://{where}/metrics"
+    if "dashboard" in found:
+        print(
+            f"dashboard: {found['dashboard']} (ray list actors --address {found['dashboard']})",
+            file=sys.stderr,
+        )
+    if "metrics" in found:
+        print(f"the job's metrics (Prometheus): {found['metrics']}", file=sys.stderr)
+    if folder is not None:
+        (folder / ENDPOINTS_FILE).write_text(json.dumps(found, indent=1) + "\n")
+    return found
+
+
+def link_ray_logs(folder: Path | None) -> Path | None:
+    """Ray's logs of this cluster (its session's ``logs``: every node's raylet, the workers'
+    output), reachable from the job's folder as ``ray-logs`` while the job runs; None where
+    there is no folder or Ray says nothing of its session."""
+    import ray
+
+    node = getattr(ray._private.worker, "_global_node", None)
+    if folder is None or node is None:
+        return None
+    logs = Path(node.get_logs_dir_path())
+    link = folder / RAY_LOGS
+    try:
+        if link.is_symlink():
+            link.unlink()
+        if not link.exists():
+            link.symlink_to(logs, target_is_directory=True)
+    except OSError as exc:
+        print(f"note: Ray's logs stay in {logs} ({exc.strerror})", file=sys.stderr)
+    return logs
+
+
+def keep_ray_logs(folder: Path, logs: Path) -> None:
+    """Ray's logs copied into the job's folder once the cluster is gone (its session folder
+    under /tmp goes with the machine's next start)."""
+    link = folder / RAY_LOGS
+    if not link.is_symlink():
+        return
+    link.unlink()
+    try:
+        shutil.copytree(logs, link, symlinks=True, ignore_dangling_symlinks=True)
+        link.chmod(0o700)  # the job's own, as its other files
+    except (OSError, shutil.Error) as exc:
+        print(f"note: Ray's logs stay in {logs} ({exc})", file=sys.stderr)
 
 
 def local_offers(recipe: Recipe, folder: Path) -> Path | None:

@@ -38,11 +38,16 @@ class MarketPlans:
         provisioner: Provisioner,
         *,
         progress: Callable[[], tuple[int, float]] | None = None,
+        given: Plan | None = None,
     ) -> None:
         """``progress``: (steps committed, seconds since the job began), so that a deadline's
-        throughput floor is what the rest of the job needs in the time left."""
+        throughput floor is what the rest of the job needs in the time left. ``given``: the
+        plan to run (``submit --plan``, or the one shown before renting) for as long as the
+        market can hold it; once it cannot (a place lost or refused, no room), the planner
+        chooses."""
         self.recipe, self.catalog, self.provisioner = recipe, catalog, provisioner
         self.progress = progress
+        self.given = given
         # profile: auto on a real cloud: what the job's own nodes measured (measure.py)
         self.node_profiles = NodeProfiles(recipe)
 
@@ -65,7 +70,15 @@ class MarketPlans:
                 exclude_locations=tuple(sorted({*constraints.exclude_locations, *excluded})),
             ),
         )
+        given_note = ""
+        if self.given is not None:
+            try:
+                return self.given_choice(market, recipe)
+            except UserError as error:
+                self.given = None  # the planner chooses from now on
+                given_note = f"the plan given no longer fits ({error.message}): re-planned"
         result, note = self._plan_spread(recipe, market)
+        note = "; ".join(filter(None, (given_note, note)))
         if not result.plans:
             left_out = f" (left out after refusing capacity: {', '.join(sorted(excluded))})"
             raise UserError(
@@ -82,6 +95,37 @@ class MarketPlans:
             usd_per_hour=best.estimate.cost_per_hour_usd,
             egress_usd_per_step=best.estimate.egress_usd_per_iteration,
             note=note,
+        )
+
+    def given_choice(self, market: OfferTable, recipe: Recipe | None = None) -> Choice:
+        """The given plan on ``market``: its launch requests and its estimate. UserError when
+        it does not fit: a place left out, a GPU the market lacks there, too few free nodes."""
+        from orchestrator.planner import given_plan
+
+        recipe, plan = recipe or self.recipe, self.given
+        assert plan is not None, "no plan was given"
+        places = {r.infra for stage in plan.stages for r in stage.replicas}
+        left_out = sorted(places & set(recipe.constraints.exclude_locations))
+        if left_out:
+            raise UserError(f"it uses {', '.join(left_out)}, which the job left out", fix="re-plan")
+        requests = requests_for(plan, market)
+        for request in requests:
+            free = _free_nodes(market, request)
+            if free is not None and free < request.count:
+                raise UserError(
+                    f"it needs {request.count} {request.gpu} nodes in {request.infra}; the market "
+                    f"has {free} free",
+                    fix="give a plan within the market's capacity, or drop --plan",
+                )
+        measured = self.node_profiles.measured
+        estimate = given_plan(recipe, plan, self.catalog, market, measured=measured).estimate
+        return Choice(
+            plan=plan,
+            summary=describe(plan),
+            requests=tuple(requests),
+            samples_per_s=estimate.samples_per_s,
+            usd_per_hour=estimate.cost_per_hour_usd,
+            egress_usd_per_step=estimate.egress_usd_per_iteration,
         )
 
     def _plan_spread(self, recipe: Recipe, market: OfferTable):
@@ -135,6 +179,20 @@ class MarketPlans:
                 offer = replace(offer, available_count=offer.available_count + mine)
             offers.append(offer)
         return OfferTable(offers, f"live: {self.recipe.provider}")
+
+
+def _free_nodes(market: OfferTable, request: Request) -> int | None:
+    """Free nodes of the request's kind in its place (None: the market does not say)."""
+    counts = [
+        o.available_count
+        for o in market.offers
+        if str(o.location) == request.infra
+        and o.gpu == request.gpu
+        and o.gpus_per_node == request.gpus_per_node
+    ]
+    if not counts or any(c is None for c in counts):
+        return None
+    return sum(counts)
 
 
 def requests_for(plan: Plan, market: OfferTable) -> list[Request]:

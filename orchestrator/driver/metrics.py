@@ -85,6 +85,15 @@ def read_rows(path: Path) -> list[dict]:
     return rows
 
 
+def parse_row(line: bytes) -> dict | None:
+    """One line of the file as a row, or None (not a row: cut short, not JSON)."""
+    try:
+        row = json.loads(line.decode("utf-8"))
+    except (ValueError, RecursionError):
+        return None
+    return row if isinstance(row, dict) and isinstance(row.get("step"), int) else None
+
+
 def _cut_short(path: Path) -> bool:
     if not path.exists() or path.stat().st_size == 0:
         return False

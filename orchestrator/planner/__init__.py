@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from orchestrator.catalog import Catalog, OfferTable
+from orchestrator.plan import Plan, PlanError
 from orchestrator.planner.candidates import Evaluated, Evaluator
 from orchestrator.planner.objective import Objective, RiskModel
 from orchestrator.planner.search import SearchOptions, SearchResult, search
@@ -19,7 +20,7 @@ from orchestrator.planner.space import SearchSpace, build_space
 from orchestrator.profiles import profile_for_recipe
 from orchestrator.profiles.profile import ModelProfile, overlaid
 from orchestrator.recipe import Recipe
-from orchestrator.simulator import views_for
+from orchestrator.simulator import Estimate, check_plan_runs, normalize_plan, simulate, views_for
 
 __all__ = [
     "Evaluated",
@@ -29,6 +30,7 @@ __all__ = [
     "SearchResult",
     "plan_recipe",
     "prepare",
+    "given_plan",
 ]
 
 
@@ -93,3 +95,49 @@ def plan_recipe(
     ``measured``: see ``prepare``."""
     context = prepare(recipe, catalog, market, measured=measured)
     return search(context.evaluator, context.space, options)
+
+
+@dataclass(frozen=True)
+class GivenPlan:
+    """A given plan, normalized, its estimate and what it was simulated with."""
+
+    plan: Plan
+    estimate: Estimate
+    profile: ModelProfile
+    network: object
+    prices: object
+    settings: object
+
+
+def given_plan(
+    recipe: Recipe,
+    plan: Plan,
+    catalog: Catalog,
+    market: OfferTable | None = None,
+    *,
+    measured: ModelProfile | None = None,
+) -> GivenPlan:
+    """A plan someone gave (a plan file), checked against the recipe, the catalog and the profile
+    the planner would use, and its estimate on ``market`` (default: the recipe's). Raises
+    PlanError naming what does not fit."""
+    plan = normalize_plan(plan, catalog)
+    if plan.global_batch_size != recipe.training.global_batch_size:
+        raise PlanError(
+            f"the plan's global_batch_size {plan.global_batch_size} differs from the recipe's "
+            f"{recipe.training.global_batch_size}",
+            field="global_batch_size",
+            fix="use the recipe's global batch size in the plan",
+        )
+    if market is None:
+        market = catalog.market(recipe.provider, recipe.market_file())
+    network, prices, settings = views_for(catalog, market)
+    gpus = {r.gpu for stage in plan.stages for r in stage.replicas}
+    tps = {r.tp for stage in plan.stages for r in stage.replicas}
+    profile = profile_for_recipe(
+        recipe, gpus, catalog, microbatch_sizes=[plan.microbatch_size], tp_degrees=tps
+    )
+    if measured is not None:
+        profile = overlaid(profile, measured)
+    check_plan_runs(plan, profile, network, prices)
+    estimate = simulate(profile, plan, network=network, prices=prices, settings=settings)
+    return GivenPlan(plan, estimate, profile, network, prices, settings)

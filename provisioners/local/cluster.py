@@ -129,12 +129,18 @@ class LocalCluster(ClusterNodes):
     mode = "processes"  # what a VM is (vms.py: "namespaces")
 
     def __init__(
-        self, *, head_cpus: int = 1, dies_with_owner: bool = True, host_gpus: int = 0
+        self,
+        *,
+        head_cpus: int = 1,
+        dies_with_owner: bool = True,
+        host_gpus: int = 0,
+        dashboard: bool = False,
     ) -> None:
         """``dies_with_owner=False`` starts no reaper: the nodes then outlive a crash of this
         process (the way to a detached job, which would also skip the exit hook below);
-        ``host_gpus``: this machine's CUDA GPUs, which the nodes' GPUs then are."""
-        self._head_cpus, self.host_gpus = head_cpus, host_gpus
+        ``host_gpus``: this machine's CUDA GPUs, which the nodes' GPUs then are; ``dashboard``:
+        the head runs Ray's dashboard (a job's; tests go without)."""
+        self._head_cpus, self.host_gpus, self.dashboard = head_cpus, host_gpus, dashboard
         self._dies_with_owner = dies_with_owner
         self._cluster = None
         self._reaper: reaper.Reaper | None = None
@@ -144,6 +150,11 @@ class LocalCluster(ClusterNodes):
     def address(self) -> str:
         return self._started().address
 
+    def reachable(self, host: str, port: int) -> str:
+        """``host:port`` of the cluster's network as this machine reaches it: the same (its
+        nodes are processes here)."""
+        return f"{host}:{port}"
+
     def _started(self):
         if self._cluster is None:
             start = time.monotonic()
@@ -152,7 +163,7 @@ class LocalCluster(ClusterNodes):
             if self._dies_with_owner:
                 self._reaper = reaper.Reaper.start(session)
             try:
-                self._cluster = start_head(session, self._head_cpus)
+                self._cluster = start_head(session, self._head_cpus, dashboard=self.dashboard)
             except BaseException:
                 self._release_reaper()  # it sweeps what a failed start left running
                 raise
@@ -269,9 +280,10 @@ def preempted_nodes(address: str, *, label: str) -> dict[str, float]:
     return found
 
 
-def start_head(session: str, cpus: int, *, node_ip: str | None = None):
+def start_head(session: str, cpus: int, *, node_ip: str | None = None, dashboard: bool = False):
     """A ``ray.cluster_utils.Cluster`` with its head node started, in Ray session ``session``
-    (listening on ``node_ip`` where given: a namespace VM's overlay address)."""
+    (listening on ``node_ip`` where given: a namespace VM's overlay address); ``dashboard``:
+    with Ray's dashboard and its HTTP API (``ray list actors``) on the head's 127.0.0.1."""
     import ray.cluster_utils
 
     # why: Ray 2.60 turns token auth on by default; a local test cluster has no tokens
@@ -287,7 +299,7 @@ def start_head(session: str, cpus: int, *, node_ip: str | None = None):
             # controller node is gone (provisioner.launch_controller)
             "resources": {"head": 1.0, "controller": 1.0},
             "object_store_memory": OBJECT_STORE_BYTES,
-            "include_dashboard": False,
+            "include_dashboard": dashboard,
             "_system_config": dict(HEALTH_CHECK),
             "session_name": session,
             **({"node_ip_address": node_ip} if node_ip else {}),

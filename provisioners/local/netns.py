@@ -206,6 +206,12 @@ class Entered:
         finally:
             os.close(target)
 
+    def at_home(self, make: Callable[[], T]) -> T:
+        """``make()`` run on a thread of its own in the network this thread left (this
+        machine's): a socket it makes listens there."""
+        assert self._home >= 0, "left already"
+        return _in_network(self._home, make)
+
     def leave(self) -> None:
         if self._home >= 0:
             try:
@@ -219,25 +225,27 @@ def in_namespace(netns: str, make: Callable[[], T]) -> T:
     """``make()`` run on a thread of its own inside ``netns``: the sockets it binds, and the
     threads it starts, live in that VM's network, while this thread stays where it is (how an
     emulated cloud serves its API and each VM's metadata service from this process)."""
+    target = os.open(f"/run/netns/{netns}", os.O_RDONLY)  # gone: the caller hears it
+    try:
+        return _in_network(target, make, name=f"in-{netns}")
+    finally:
+        os.close(target)
+
+
+def _in_network(fd: int, make: Callable[[], T], *, name: str = "in-network") -> T:
+    """``make()`` on a thread of its own in the network namespace ``fd`` names."""
     import threading
 
     outcome: list = []
 
     def enter_and_make() -> None:
         try:
-            target = os.open(f"/run/netns/{netns}", os.O_RDONLY)  # gone: the caller hears it
-        except OSError as error:
-            outcome.append(("error", error))
-            return
-        try:
-            _setns(target)  # this thread only: it ends right after
+            _setns(fd)  # this thread only: it ends right after
             outcome.append(("ok", make()))
         except BaseException as error:  # handed to the caller, which re-raises it
             outcome.append(("error", error))
-        finally:
-            os.close(target)
 
-    thread = threading.Thread(target=enter_and_make, name=f"in-{netns}", daemon=True)
+    thread = threading.Thread(target=enter_and_make, name=name, daemon=True)
     thread.start()
     thread.join()
     kind, value = outcome[0]

@@ -173,14 +173,16 @@ class NamespaceCluster(ClusterNodes):
         head_cpus: int = 1,
         install: Install | None = None,
         host_gpus: int = 0,
+        dashboard: bool = False,
     ) -> None:
         """``folder``: where the VMs' folders (scripts, logs, venvs, keys) go, owner-only;
         ``grace_s``: each node's dead-man switch; ``install``: what nodes install (default: the
         wheel of this checkout, built at start, and this interpreter's versions);
         ``host_gpus``: this machine's CUDA GPUs, which the VMs' GPUs then are."""
         self.job, self.folder, self.grace_s = job, Path(folder), grace_s
-        self.host_gpus = host_gpus
+        self.host_gpus, self.dashboard = host_gpus, dashboard
         self.install = install
+        self._forwards: list = []  # PortForward: the VMs' ports reachable from this machine
         self._head_cpus = head_cpus
         self._internet: netns.Internet | None = None
         self._entered: netns.Entered | None = None
@@ -194,6 +196,17 @@ class NamespaceCluster(ClusterNodes):
     @property
     def address(self) -> str:
         return self._started().address
+
+    def reachable(self, host: str, port: int) -> str:
+        """``host:port`` as the controller VM sees it (the dashboard on its 127.0.0.1, a node's
+        overlay address), made reachable from this machine: ``127.0.0.1:<port>`` of this
+        machine's loopback, relayed by this process (forward.py; nothing is routed)."""
+        from provisioners.local.forward import PortForward, loopback_listener
+
+        assert self._entered is not None, "the cluster is not started"
+        forward = PortForward(self._entered.at_home(loopback_listener), (host, port))
+        self._forwards.append(forward)
+        return f"127.0.0.1:{forward.port}"
 
     @property
     def admin_socket(self) -> Path:
@@ -232,7 +245,9 @@ class NamespaceCluster(ClusterNodes):
             if self.install is None:
                 self.install = controller_install(build_wheel(self.folder / "wheel"))
             self._entered = netns.Entered(controller.netns)
-            self._cluster = start_head(session, self._head_cpus, node_ip=controller_ip)
+            self._cluster = start_head(
+                session, self._head_cpus, node_ip=controller_ip, dashboard=self.dashboard
+            )
         except BaseException:
             self.shutdown()
             raise
@@ -362,6 +377,9 @@ class NamespaceCluster(ClusterNodes):
 
     def shutdown(self) -> None:
         """Stop the head, leave the controller VM, remove every namespace of the job."""
+        for forward in self._forwards:
+            forward.close()
+        self._forwards = []
         try:
             if self._cluster is not None:
                 self._cluster.shutdown()

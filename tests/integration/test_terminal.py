@@ -2,7 +2,9 @@
 terminal's interrupt character and reaches every process of the foreground group. Once: the job
 stops cleanly (the driver checkpoints the step it committed and lets its nodes go; ``status`` says
 stopped at that step, no node held) and no process of its Ray session is left. Twice: it leaves at
-once, and the job still reads as stopped, resumable from its checkpoint. Never a traceback."""
+once, and the job still reads as stopped, resumable from its checkpoint. Never a traceback.
+Detached, the job outlives the terminal; ``status`` and ``logs -f`` follow it from another folder
+to its end, and its Ray dashboard, state API and Prometheus metrics answer while it runs."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ import os
 import pty
 import select
 import signal
+import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -97,6 +101,10 @@ def test_ctrl_c_stops_the_job_cleanly_and_twice_leaves_at_once(tmp_path, presses
     argv = [sys.executable, "-m", "orchestrator", "submit", str(recipe), "--jobs-dir", str(jobs)]
     terminal = Terminal([*argv, "--vms", "processes"], cwd=REPO)
     try:
+        # the plan and its price first; a person at the terminal is asked before renting
+        terminal.read_until("and train? [Y/n]", timeout_s=120)
+        assert "predicted" in terminal.text and "/h for the GPUs" in terminal.text
+        terminal.press(b"y\r")
         terminal.read_until("step 10/", timeout_s=120)
         processes = _job_processes(terminal.pid)
         assert processes, "no process of the job's Ray session found"
@@ -120,3 +128,90 @@ def test_ctrl_c_stops_the_job_cleanly_and_twice_leaves_at_once(tmp_path, presses
     else:  # left at once: resumable from the newest checkpoint
         assert code == 130 and "interrupted" in out
         assert "submit again resumes" in last["reason"]
+
+
+def test_a_detached_job_outlives_its_terminal_and_is_followed_from_another_folder(
+    tmp_path, monkeypatch
+):
+    name = "detached"
+    recipe = tmp_path / f"{name}.yaml"
+    text = RECIPE.replace("NAME", name).replace("STEPS", "1000")
+    recipe.write_text(text.replace("CHECKPOINTS", str(tmp_path / "checkpoints")))
+    monkeypatch.setenv("GEO_ORCHESTRATOR_HOME", str(tmp_path / "home"))  # the default jobs home
+    argv = [sys.executable, "-m", "orchestrator", "submit", str(recipe), "--detach", "-y"]
+    terminal = Terminal([*argv, "--vms", "processes"], cwd=tmp_path)
+    try:
+        code = terminal.wait(timeout_s=180)
+    finally:
+        terminal.kill()
+    assert code == 0 and "runs in the background" in terminal.text, terminal.text[-3000:]
+    folder = tmp_path / "home" / "jobs" / name
+    holder = json.loads((folder / "driver.lock").read_text())["pid"]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    endpoints = _until(lambda: _read_json(folder / "endpoints.json"), timeout_s=120)
+    actors = _until(lambda: _job_actors(endpoints["dashboard"], name), timeout_s=120)
+    assert f"driver-{name}" in actors and any("-stage0-dp0@local/" in a for a in actors), actors
+    listed = _orchestrator(["status", name, "--json"], cwd=elsewhere)  # a shell anywhere
+    assert json.loads(listed.stdout)["jobs"][0]["phase"] not in ("done", "failed")
+    metrics = _until(lambda: _metric(endpoints["metrics"], name), timeout_s=120)
+    assert 'job="detached"' in metrics
+
+    followed = _orchestrator(["logs", "-f", name], cwd=elsewhere, timeout_s=300)
+    assert followed.returncode == 0, followed.stdout[-3000:] + followed.stderr[-3000:]
+    assert "finished" in followed.stdout and f"job {name}: done" in followed.stdout
+    status = json.loads(_orchestrator(["status", name, "--json"], cwd=elsewhere).stdout)
+    assert status["jobs"][0]["phase"] == "done" and status["jobs"][0]["step"] == "1000/1000"
+    _until(lambda: not os.path.exists(f"/proc/{holder}"), timeout_s=30)  # its process ended
+    log = (folder / "output.log").read_text()
+    assert "job detached: done after 1000 steps" in log and "\033[" not in log
+
+
+def _orchestrator(args: list[str], *, cwd: Path, timeout_s: float = 60.0):
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator", *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def _until(find, *, timeout_s: float):
+    """``find()``'s first true answer, polled (what it reads is another process's)."""
+    deadline = time.monotonic() + timeout_s
+    while not (found := find()):
+        assert time.monotonic() < deadline, f"nothing found in {timeout_s} s"
+        time.sleep(0.5)
+    return found
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _job_actors(dashboard: str, job: str) -> list[str] | None:
+    """The job's live actors' names, from the dashboard's state API (what ray list actors
+    reads), once its workers are up."""
+    try:
+        with urllib.request.urlopen(f"{dashboard}/api/v0/actors?limit=1000", timeout=10) as answer:
+            listed = json.load(answer)["data"]["result"]["result"]
+    except (OSError, ValueError, KeyError):
+        return None
+    names = [a["name"] for a in listed if a["state"] == "ALIVE" and a.get("name")]
+    return names if any("-stage0-" in n for n in names) else None
+
+
+def _metric(url: str, job: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=10) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return None
+    lines = [line for line in text.splitlines() if "geo_orchestrator_samples_per_s" in line]
+    return "\n".join(lines) if any(f'job="{job}"' in line for line in lines) else None

@@ -78,7 +78,7 @@ def test_the_progress_line_shows_step_loss_samples_per_s_spend_and_eta(capsys, m
 
     ticks = iter([100.0, 102.0])  # 10 steps in 2 s
     monkeypatch.setattr(submit_cmd.time, "monotonic", lambda: next(ticks))
-    progress = submit_cmd._Progress(quiet=False)
+    progress = submit_cmd._Progress(submit_cmd.Terminal(), quiet=False)
     base = JobState(job="j", recipe_path="r.yaml", phase="train", steps_total=40)
     base = base.evolve(global_batch_size=16, compute_usd=0.25, egress_usd=0.05)
     progress.show(base.evolve(step=10), StepResult(loss=3.5))

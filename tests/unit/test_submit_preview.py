@@ -1,0 +1,86 @@
+"""Before anything is rented, ``submit`` shows the plan it starts on with its predicted rate and
+price (``--dry-run`` stops there); ``--plan FILE`` runs a given plan, which the driver keeps while
+the market can hold it; a finished job submitted again is a new run with logs of its own."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.catalog import default_catalog
+from orchestrator.cli import main
+from orchestrator.driver.events import Event, EventLog
+from orchestrator.driver.job import archive_ended_run
+from orchestrator.driver.local import first_choice
+from orchestrator.driver.market_plans import MarketPlans
+from orchestrator.driver.state import JobState, StateStore
+from orchestrator.recipe import load_recipe
+from provisioners.local.provisioner import LocalProvisioner
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def recipe_path(tmp_path) -> Path:
+    """The quickstart with its profile estimated (timing the model here takes seconds)."""
+    text = (REPO / "recipes" / "quickstart.yaml").read_text()
+    path = tmp_path / "quickstart.yaml"
+    path.write_text(text.replace("profile: auto", "profile: analytic"))
+    return path
+
+
+def test_dry_run_shows_the_plan_and_its_price_and_rents_nothing(recipe_path, tmp_path, capsys):
+    jobs = tmp_path / "jobs"
+    code = main(["submit", str(recipe_path), "--dry-run", "--jobs-dir", str(jobs)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.startswith("plan: PP") and "samples/s" in out and "/h for the GPUs" in out
+    assert "200 steps: about" in out and "dry run: nothing rented" in out
+    assert not StateStore(jobs / "quickstart").exists()  # no job: nothing to resume or list
+
+
+def test_the_driver_keeps_a_given_plan_while_the_market_holds_it(recipe_path):
+    catalog = default_catalog()
+    recipe = load_recipe(recipe_path, catalog=catalog)
+    first = first_choice(recipe, recipe_path, catalog)
+    market = LocalProvisioner(seed=0)
+    plans = MarketPlans(recipe, catalog, market, given=first.plan)
+    kept = plans.choose(excluded=frozenset(), held={})
+    assert kept.plan == first.plan and kept.samples_per_s == pytest.approx(first.samples_per_s)
+    place = first.plan.stages[0].replicas[0].infra
+    moved = plans.choose(excluded=frozenset({place}), held={})
+    assert place not in {r.infra for s in moved.plan.stages for r in s.replicas}
+    assert "the plan given no longer fits" in moved.note and plans.given is None
+
+
+def test_a_given_plan_that_does_not_fit_is_refused_naming_its_file(recipe_path, tmp_path, capsys):
+    plan = tmp_path / "plan.yaml"
+    assert main(["plan", str(recipe_path), "-o", str(plan), "--top", "1"]) == 0
+    wrong = tmp_path / "wrong.yaml"
+    wrong.write_text(plan.read_text().replace("global_batch_size: 16", "global_batch_size: 32"))
+    capsys.readouterr()
+    args = ["submit", str(recipe_path), "--dry-run", "--jobs-dir", str(tmp_path / "jobs")]
+    assert main([*args, "--plan", str(plan)]) == 0
+    assert main([*args, "--plan", str(wrong)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {wrong}" in err and "global_batch_size 32" in err
+
+
+def test_a_finished_jobs_logs_move_aside_for_its_new_run(tmp_path):
+    store = StateStore(tmp_path)
+    store.save(JobState(job="j", recipe_path="r.yaml", phase="done", step=9, run_id="j-1"))
+    EventLog(tmp_path / "events.jsonl").append(Event(event="finished"))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 9}) + "\n")
+    moved = archive_ended_run(tmp_path, from_scratch=False)
+    assert moved == tmp_path / "runs" / "j-1"
+    assert (moved / "events.jsonl").exists() and (moved / "metrics.jsonl").exists()
+    assert not (tmp_path / "events.jsonl").exists()
+
+
+def test_a_stopped_job_resumes_in_the_same_logs(tmp_path):
+    StateStore(tmp_path).save(JobState(job="j", recipe_path="r.yaml", phase="stopped", step=9))
+    EventLog(tmp_path / "events.jsonl").append(Event(event="stopped"))
+    assert archive_ended_run(tmp_path, from_scratch=False) is None
+    assert (tmp_path / "events.jsonl").exists()
