@@ -66,27 +66,25 @@ class Job:
         return frame
 
     def plot(self, path: str | Path | None = None):
-        """Samples/s and dollars spent over time, each lost node marked; saved to ``path`` if
-        given. Returns the matplotlib figure."""
+        """Samples/s (measured, and the plan's prediction) and dollars spent over time, each
+        preemption notice, lost node, recovery and plan switch marked and each recovery's pause
+        shaded; saved to ``path`` if given. Returns the matplotlib figure."""
         import matplotlib
 
         if path is not None:
             matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
+        from orchestrator.cli.job_plot import draw_job
+
         metrics, events = self.metrics(), self.events()
         figure, (rate, spend) = plt.subplots(2, 1, sharex=True, figsize=(8, 5))
-        if not metrics.empty:
-            seconds = metrics["time_s"] - metrics["time_s"].iloc[0]
-            rate.plot(seconds, metrics["samples_per_s"], lw=1)
-            spend.plot(seconds, metrics["usd_spent"], lw=1)
-            lost = events[events["event"] == "node_lost"] if not events.empty else events
-            for when in lost.get("time_s", []):
-                for axis in (rate, spend):
-                    axis.axvline(when - metrics["time_s"].iloc[0], color="red", ls="--", lw=0.8)
+        state = self.state()
+        predicted = ((state.choice or {}) if state else {}).get("samples_per_s")
+        draw_job((rate, spend), metrics, events, predicted_samples_per_s=predicted)
         rate.set_ylabel("samples/s")
         spend.set_ylabel("$ spent")
-        spend.set_xlabel("seconds since the first step (red: a node lost)")
+        spend.set_xlabel("seconds since the first step (shaded: training paused to recover)")
         rate.set_title(f"job {self.name}")
         figure.tight_layout()
         if path is not None:

@@ -193,7 +193,7 @@ class WorkerGroup:
         swept = set()
         for actor in ray.util.list_named_actors(all_namespaces=True):
             name, namespace = actor["name"], actor["namespace"]
-            group = name.rsplit("-", 1)[0]
+            group = _group_of(name)
             if namespace == NAMESPACE and name.startswith(prefix) and group != keep:
                 try:
                     ray.kill(ray.get_actor(name, namespace=NAMESPACE))
@@ -408,7 +408,13 @@ class WorkerGroup:
 
 def _actor_name(group: str, layout: Layout, rank: int) -> str:
     """A worker's name says its role and place, as ``ray list actors`` and the dashboard show it:
-    ``<group>-3-stage1-dp0@local/sim-us/sim-us-a`` (``-tp1`` for a tensor-parallel rank)."""
+    ``<group>-3:stage1-dp0@local/sim-us/sim-us-a`` (``-tp1`` for a tensor-parallel rank); a
+    group's name has no ``:`` (a job's name is a slug), so the group is what precedes it."""
     worker = layout.workers[rank]
     tp = f"-tp{worker.tp_rank}" if worker.tp > 1 else ""
-    return f"{group}-{rank}-stage{worker.stage}-dp{worker.replica}{tp}@{worker.place}"
+    return f"{group}-{rank}:stage{worker.stage}-dp{worker.replica}{tp}@{worker.place}"
+
+
+def _group_of(actor_name: str) -> str:
+    """The group of a worker's name (``_actor_name``)."""
+    return actor_name.split(":", 1)[0].rsplit("-", 1)[0]

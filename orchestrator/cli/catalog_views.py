@@ -18,6 +18,15 @@ from orchestrator.errors import UserError
 from runtime.models.specs import BUILTIN_MODELS
 
 Table = tuple[list[dict], Sequence[str]]  # records and the columns a table shows
+# a table's short headers for long field names (--json keeps the names, with their units)
+HEADERS = {
+    "gpus_per_node": "gpus",
+    "on_demand_usd_per_hour": "od_$/h",
+    "spot_usd_per_hour": "spot_$/h",
+    "usd_per_gpu_hour": "$/gpu_h",
+    "available_count": "free",
+    "preemption_rate_per_hour": "preempt/h",
+}
 
 
 def emit(
@@ -29,7 +38,8 @@ def emit(
     for index, (records, columns) in enumerate(tables):
         if index:
             print()
-        print(format_table(columns, [[record.get(c) for c in columns] for record in records]))
+        headers = [HEADERS.get(c, c) for c in columns]
+        print(format_table(headers, [[record.get(c) for c in columns] for record in records]))
     if footer:
         print(f"\n{footer}")
     return 0
@@ -164,7 +174,10 @@ def run_offers(args: argparse.Namespace, catalog: Catalog) -> int:
         "age",
     )
     sources = sorted({o.source for o in offers})
-    footer = f"{len(offers)} offers from {market.file}; usd_per_gpu_hour is the spot price where there is one"
+    footer = (
+        f"{len(offers)} offers from {market.file}; $/gpu_h is the spot price where there is one; "
+        "od: on demand; free: nodes available now; preempt/h: spot preemptions per hour"
+    )
     if 0 < len(sources) <= 4:
         footer += "\nsources: " + "; ".join(sources)
     stale = sum(r["stale"] for r in records)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import textwrap
 from pathlib import Path
 
 from orchestrator.catalog import Catalog
@@ -127,7 +128,7 @@ def _rows(result: SearchResult) -> list[tuple]:
         rows.append(
             (
                 rank,
-                gpus_by_location(e.plan),
+                places_short(e.plan),
                 shape_text(e.plan),
                 e.plan.microbatch_size,
                 _round(e.score.samples_per_s),
@@ -138,6 +139,26 @@ def _rows(result: SearchResult) -> list[tuple]:
             )
         )
     return rows
+
+
+def print_wrapped(text: str, width: int = 100) -> None:
+    print(textwrap.fill(text, width=width, break_on_hyphens=False, break_long_words=False))
+
+
+def places_short(plan) -> str:
+    """``2xT4@sim-eu-a 1xA100*@us-central1-a``: GPUs per place by its last part (the whole
+    cloud/region/zone where two places share one), ``*`` for on-demand; --json has them whole."""
+    counts: dict[tuple[str, str, bool], int] = {}
+    for stage in plan.stages:
+        for r in stage.replicas:
+            counts[(r.infra, r.gpu, r.spot)] = counts.get((r.infra, r.gpu, r.spot), 0) + r.tp
+    infras = {infra for infra, _, _ in counts}
+    tails = {infra.rsplit("/", 1)[-1] for infra in infras}
+    whole = len(tails) < len(infras)
+    return " ".join(
+        f"{n}x{gpu}{'' if spot else '*'}@{infra if whole else infra.rsplit('/', 1)[-1]}"
+        for (infra, gpu, spot), n in sorted(counts.items())
+    )
 
 
 def search_verdict(result: SearchResult) -> str:
@@ -169,7 +190,7 @@ def _print(recipe: Recipe, result: SearchResult, reasons: list[str], args) -> No
         format_table(
             (
                 "rank",
-                "gpus by location",
+                "gpus@place",
                 "shape",
                 "mbs",
                 "samples_s",
@@ -181,11 +202,14 @@ def _print(recipe: Recipe, result: SearchResult, reasons: list[str], args) -> No
             _rows(result),
         )
     )
-    print("\npeak_gib: the fullest GPU's peak memory / its capacity; egress: share of the cost")
+    print(
+        "\ngpus@place: GPUs per place (its zone, or region; * on demand); peak_gib: the fullest "
+        "GPU's peak memory / its capacity; egress: share of the cost"
+    )
     for rank, reason in enumerate(reasons, start=2):
         print(f"{rank}: {reason}")
     if recipe.provider == "local" and recipe.model.profile == "auto":
-        print(
+        print_wrapped(
             "note: these figures use the profile estimated for the GPU types and the catalog's "
             "local prices; submit first times the model on this machine and plans on the local "
             f"market's live offers, so its plan and figures can differ: python -m orchestrator "

@@ -137,7 +137,7 @@ def run_submit(args: argparse.Namespace, catalog: Catalog) -> int:
         lose_at=tuple(args.lose_at),
         preempt_driver_at=tuple(args.preempt_driver_at),
         notice_s=args.notice_s,
-        on_step=progress.show,
+        on_step=lambda state, result: (watch.flush(), progress.show(state, result)),
         on_folder=watch.open,
         plan_file=args.plan,
         confirm=confirm,
@@ -193,6 +193,11 @@ def _confirm(choice: Choice, steps: int, args: argparse.Namespace, terminal: Ter
     except EOFError:
         return False
     return answer.strip().lower() in ("", "y", "yes")
+
+
+def loss_text(loss: float) -> str:
+    """A loss to four decimals, or in e-notation when that would show only zeros."""
+    return f"{loss:.4f}" if loss == 0 or abs(loss) >= 1e-3 else f"{loss:.3e}"
 
 
 def _usd(amount: float) -> str:
@@ -307,6 +312,11 @@ class _Watch:
             print(f"note: no copy of this output in {folder}: {exc.strerror}", file=sys.stderr)
         self.follower = EventFollower(folder / "events.jsonl", self.terminal).start()
 
+    def flush(self) -> None:
+        """The events so far, before a step's line (so the lines keep their order)."""
+        if self.follower is not None:
+            self.follower.flush()
+
     def stop_following(self) -> None:
         if self.follower is not None:
             self.follower.close()
@@ -342,7 +352,7 @@ class _Progress:
             self.kept = state.step
         spent = state.compute_usd + state.egress_usd
         line = (
-            f"step {state.step}/{state.steps_total}  loss {result.loss:.4f}  "
+            f"step {state.step}/{state.steps_total}  loss {loss_text(result.loss)}  "
             f"{rate * state.global_batch_size:,.0f} samples/s  ${spent:.5f} spent"
         )
         if rate:
@@ -366,6 +376,56 @@ def _why(state: JobState, events: list[dict]) -> None:
         print(f"why: {last.get('reason', last['event'])}; {last.get('decision', '')}")
 
 
+EXPLAIN_ABOVE = 0.25  # a measured rate this far from the prediction is explained
+
+
+def _explain(measured: float, choice: Choice, state: JobState, events: list, folder: Path) -> None:
+    """Why the measured rate is far from the predicted one, from what the job knows: workers
+    sharing this machine's cores, a profile not timed here, a slow node, per-step overheads."""
+    predicted = choice.samples_per_s
+    if not predicted or abs(measured / predicted - 1) <= EXPLAIN_ABOVE:
+        return
+    reasons = []
+    cores, workers = os.cpu_count() or 1, choice.plan.total_gpus
+    if workers > cores:
+        reasons.append(
+            f"its {workers} workers share this machine's {cores} cores, where the prediction "
+            "gives each a device of its own"
+        )
+    if not any(folder.glob("profile-*.json")):
+        reasons.append("its profile was not timed here (profile: analytic, or published figures)")
+    if any(e["event"] == "straggler" for e in events):
+        reasons.append("a node ran slower than its peers (the straggler events)")
+    batch = state.global_batch_size
+    extra_ms = (batch / measured - batch / predicted) * 1000
+    if extra_ms > 0:
+        reasons.append(
+            f"each step took {extra_ms:,.0f} ms more than predicted: the runtime's own work per "
+            "step (Ray calls, loading data, the workers' coordination), which the profile does "
+            "not time, weighs most on a small model"
+        )
+    else:
+        reasons.append(f"each step took {-extra_ms:,.0f} ms less than predicted")
+    print(
+        f"why measured differs from predicted ({measured / predicted - 1:+.0%}): "
+        + "; ".join(reasons)
+    )
+
+
+def _why_stopped(state: JobState, events: list[dict]) -> None:
+    """Why a job stopped before its last step (its budget, a stop asked), and how to go on."""
+    last = next((e for e in reversed(events) if e["event"] in ("budget_reached", "stopped")), None)
+    if last is None:
+        return
+    again = "submitting the recipe again resumes there"
+    if last["event"] == "budget_reached":
+        print(f"stopped on the budget (objective.budget_usd): {last.get('reason', '')}")
+        again = "raise objective.budget_usd and submit the recipe again to go on from there"
+    else:
+        print(f"why: {last.get('reason', 'asked to stop')}")
+    print(f"  kept: the checkpoint of step {state.checkpoint_step}; {again}")
+
+
 def _summary(result: RunResult) -> None:
     state, folder, choice = result.state, result.folder, result.choice
     batch = state.global_batch_size
@@ -375,8 +435,10 @@ def _summary(result: RunResult) -> None:
     print(f"job {state.job}: {state.phase} after {state.step} steps in {result.elapsed_s:.1f} s")
     if state.phase == "failed":
         _why(state, events)
+    elif state.phase == "stopped":
+        _why_stopped(state, events)
     if state.losses:
-        print(f"final loss {state.losses[-1]:.4f}")
+        print(f"final loss {loss_text(state.losses[-1])}")
     if choice is not None:
         print(f"plan: {choice.summary}")
         measured = state.trained_steps * batch / state.train_s if state.train_s else 0.0
@@ -399,12 +461,8 @@ def _summary(result: RunResult) -> None:
             f"predicted for {steps} steps: ${compute + egress:.5f} (compute ${compute:.5f} while "
             f"training + egress ${egress:.5f})"
         )
-    cores = os.cpu_count() or 1
-    if choice is not None and sum(r.count for r in choice.requests) > cores:
-        print(
-            f"note: the simulated VMs' workers share this machine's {cores} cores (a plan's "
-            "prediction assumes a device per worker): measured rates are shared-core rates"
-        )
+    if choice is not None and state.train_s:
+        _explain(state.trained_steps * batch / state.train_s, choice, state, events, folder)
     recoveries = [e for e in events if e["event"] == "recovered"]
     for event in recoveries:
         print(f"recovered in {event['details']['recovery_s']:.1f} s")

@@ -107,7 +107,7 @@ class EventFollower:
 
     def __init__(self, path: Path, terminal: Terminal) -> None:
         self.tail, self.terminal = LogTail(path), terminal
-        self._stop = threading.Event()
+        self._stop, self._reading = threading.Event(), threading.Lock()
         self._thread = threading.Thread(target=self._run, name="event-follower", daemon=True)
 
     def start(self) -> EventFollower:
@@ -119,10 +119,12 @@ class EventFollower:
             self.flush()
 
     def flush(self) -> None:
-        for event in self.tail.read():
-            text = event_text(event)
-            if text is not None:
-                self.terminal.line(_printable(text))
+        """Print what was appended since the last look (from any thread)."""
+        with self._reading:
+            for event in self.tail.read():
+                text = event_text(event)
+                if text is not None:
+                    self.terminal.line(_printable(text))
 
     def close(self) -> None:
         self._stop.set()
@@ -276,7 +278,8 @@ def _step_text(row: dict) -> str:
     clock = dt.datetime.fromtimestamp(row["time_s"]).strftime("%H:%M:%S")
     parts = [f"{clock}  step {row['step']}"]
     if row.get("loss") is not None:
-        parts.append(f"loss {row['loss']:.4f}")
+        loss = row["loss"]
+        parts.append(f"loss {loss:.4f}" if loss == 0 or abs(loss) >= 1e-3 else f"loss {loss:.3e}")
     if row.get("samples_per_s"):
         parts.append(f"{row['samples_per_s']:,.0f} samples/s")
     if row.get("usd_spent") is not None:

@@ -342,7 +342,11 @@ def _state(store: StateStore, job: str, recipe_path: Path, *, from_scratch: bool
             if loaded.state.phase in ("stopped", "failed"):
                 # plan again and restore the newest checkpoint, with a fresh retry budget
                 return loaded.state.evolve(
-                    phase="recover", failure=None, attempts=0, attempts_since_s=None
+                    phase="recover",
+                    failure=None,
+                    attempts=0,
+                    attempts_since_s=None,
+                    resumed_from=loaded.state.phase,
                 )
             return loaded.state
     run_id = f"{job}-{time.strftime('%Y%m%d-%H%M%S', time.gmtime())}"

@@ -238,6 +238,7 @@ def serve_and_follow(
             runtime_env=code_env(spec.recipe.model),
         )
         ray_logs = link_ray_logs(folder)
+        ray_messages_to(folder)
         if connected is not None:
             connected()
         elif handler is not None:
@@ -307,6 +308,32 @@ def announce_endpoints(context, actor, expose, folder: Path | None) -> dict:
     return found
 
 
+RAY_MESSAGES = "ray-messages.log"  # in the job's folder: what Ray pushes to the connected process
+
+
+def ray_messages_to(folder: Path | None) -> None:
+    """What the cluster pushes to this process (a raylet's "node marked dead", an actor's death)
+    goes to the job's ``ray-messages.log``, not the terminal: the job's own lines say what
+    happened there. Ray prints these from a thread of its own through a module function, with
+    no setting to turn it off (``log_to_driver`` covers only the workers' output): that
+    function is replaced in this process."""
+    import ray._private.worker as ray_worker
+
+    if folder is None or not hasattr(ray_worker, "print_to_stdstream"):
+        return
+    path = folder / RAY_MESSAGES
+
+    def to_file(data: dict, ignore_prefix: bool) -> None:
+        try:
+            with path.open("a", encoding="utf-8") as handle:
+                for line in data.get("lines", ()):
+                    handle.write(f"({data.get('pid', 'ray')}) {line}\n")
+        except OSError:
+            pass  # the folder went (the job is being removed): nothing to keep
+
+    ray_worker.print_to_stdstream = to_file
+
+
 def link_ray_logs(folder: Path | None) -> Path | None:
     """Ray's logs of this cluster (its session's ``logs``: every node's raylet, the workers'
     output), reachable from the job's folder as ``ray-logs`` while the job runs; None where
@@ -374,7 +401,7 @@ def measured_here(
     from orchestrator.recipe.models import model_label, spec_of
 
     spec = spec_of(recipe.model)
-    if recipe.model.profile != "auto" or spec.family == "cnn":
+    if recipe.model.profile != "auto":
         return recipe
     label = model_label(recipe.model)
     path = (folder / f"profile-{label.replace(':', '-')}.json").resolve()

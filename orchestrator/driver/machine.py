@@ -85,6 +85,7 @@ class _Session:
     lost_at_s: float | None = None  # when the node loss (or the notice) under recovery happened
     pause_event: str = "recovered"  # what the first step after the pause logs: or "switched"
     pauses_s: list[float] = field(default_factory=list)  # measured pauses (recoveries, switches)
+    checkpoint_s: float = 0.0  # the last checkpoint's time (what stopping on the budget takes)
     declined: set[str] = field(default_factory=set)  # better plans seen and not worth a move
     waiting_since_s: float | None = None  # when planning found no room (after training began)
     leaving: set[str] = field(default_factory=set)  # noticed nodes to let go of when recovering
@@ -161,6 +162,16 @@ class Driver(Guards, Moves, Profiling):
         nodes and workers all live; otherwise re-plan from the newest checkpoint, keeping the
         nodes still alive."""
         state = self.state
+        if state.resumed_from:  # submitted again after it stopped: nothing of it runs
+            self.trainer.sweep(keep=None)
+            self._save(resumed_from="", workers=None)
+            self._log(
+                "resumed",
+                "re-plan from the newest checkpoint",
+                f"submitted again after it {state.resumed_from} at step {state.step}",
+                details={"step": state.step, "checkpoint_step": state.checkpoint_step},
+            )
+            return Phase.RECOVER
         # the pause is measured from the dead driver's last save (it lived until then)
         self.session.lost_at_s = self.clock() - max(0.0, self.wall() - state.updated_at_s)
         kinds = {n: Request(**k) for n, k in state.node_kinds.items() if n in state.nodes}
@@ -333,17 +344,18 @@ class Driver(Guards, Moves, Profiling):
             phase = self._react(self.cloud.poll_events(timeout_s=0.0))
             if phase is not None:
                 return phase
+            spent_before = self._spent()
             result = self.trainer.step(self.state.step)
             self._check_finite(result)
             self._commit(result)
-            if self._over_budget():
-                return Phase.DONE
+            if self._over_budget(self._spent() - spent_before):
+                return Phase.STOPPED
             if self._reconsider() or self._rebalance():  # moving: launch the new plan
                 return Phase.LAUNCH
             asked = self.stop_requested()
             if asked:
                 self._checkpoint("a stop request")
-                self._finish()
+                self._release()
                 why = asked if isinstance(asked, str) else "asked to stop"
                 self._log("stopped", "released every node", why, details={"step": self.state.step})
                 return Phase.STOPPED
@@ -550,18 +562,36 @@ class Driver(Guards, Moves, Profiling):
     def _checkpoint(self, why: str) -> None:
         if self.state.checkpoint_step == self.state.step:
             return
+        started = self.clock()
         self.trainer.checkpoint(self.state.step)
+        self.session.checkpoint_s = self.clock() - started
         self._save(checkpoint_step=self.state.step)
         self._log("checkpointed", "", why, details={"step": self.state.step})
 
-    def _over_budget(self) -> bool:
-        budget = self.config.budget_usd
-        spent = self.state.compute_usd + self.state.egress_usd
-        if budget is None or spent < budget:
+    def _spent(self) -> float:
+        return self.state.compute_usd + self.state.egress_usd
+
+    def _over_budget(self, step_usd: float) -> bool:
+        """Stop before the recipe's ``budget_usd`` is exceeded: when another step like the one
+        just committed (``step_usd``) and then the checkpoint that ends the job (its time as last
+        measured, else a step's cost) would pass it, checkpoint now, let every node go, stop."""
+        budget, spent = self.config.budget_usd, self._spent()
+        if budget is None:
+            return False
+        hourly = sum(r.usd_per_node_hour for r in self.session.nodes.values())
+        wrap_up = self.session.checkpoint_s * hourly / 3600 or max(step_usd, 0.0)
+        if spent + max(step_usd, 0.0) + wrap_up <= budget:
             return False
         self._checkpoint("the budget")
-        self._finish()
-        self._log("budget_reached", "stop", f"${spent:.4g} spent of ${budget:.4g}")
+        self._release()
+        spent = self._spent()  # and the nodes' seconds until they were let go
+        self._log(
+            "budget_reached",
+            "stopped: released every node",
+            f"${spent:.4g} spent of the budget's ${budget:.4g}; the next step would cost about "
+            f"${step_usd:.2g} more",
+            details={"step": self.state.step, "usd_spent": spent, "budget_usd": budget},
+        )
         return True
 
     def _finish(self) -> None:

@@ -36,6 +36,9 @@ class JobState:
     recipe_path: str
     phase: str
     run_id: str = ""  # names this submission's checkpoints (a job submitted again starts afresh)
+    # the phase it ended in when it was submitted again to go on ("stopped", "failed"); its
+    # driver then logs a resume, not a restart (cleared once logged)
+    resumed_from: str = ""
     step: int = 0  # steps committed: the next step to train
     steps_total: int = 0  # the recipe's steps
     global_batch_size: int = 0  # samples per step

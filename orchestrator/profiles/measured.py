@@ -46,7 +46,7 @@ def measured_profile(
         measurement.model,
         precision,
         measurement.optimizer,
-        spec.seq_len,
+        getattr(spec, "seq_len", 0),  # tokens per sample: none for an image model
         sizes,
         {gpu: gpu_profile},
         spec.tied_parameters() if spec.family != "cnn" else 0,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from orchestrator.catalog import Catalog, default_catalog
 from orchestrator.errors import RecipeError
-from orchestrator.recipe.binder import Binder
+from orchestrator.recipe.binder import Binder, together
 from orchestrator.recipe.checks import check_recipe
 from orchestrator.recipe.schema import (
     CheckpointConfig,
@@ -65,5 +65,13 @@ def parse_recipe(text: str, *, file: str, folder: Path, catalog: Catalog | None 
             line=exc.line,
             fix="correct the YAML: two-space indents, 'key: value', lists in [ ] or '- ' items",
         ) from None
-    recipe = Binder(doc, Recipe).bind()
-    return check_recipe(recipe, doc, catalog or default_catalog(), folder)
+    binder = Binder(doc, Recipe)
+    recipe = binder.bind_partial()
+    if not binder.problems:
+        return check_recipe(recipe, doc, catalog or default_catalog(), folder)
+    # unknown keys, and what the checks find in the rest: every problem in one report
+    try:
+        check_recipe(recipe, doc, catalog or default_catalog(), folder)
+    except RecipeError as error:
+        raise together([*binder.problems, error]) from None
+    raise together(binder.problems)

@@ -77,6 +77,23 @@ def described(
     return dataclasses.field(metadata=metadata, **kwargs)
 
 
+def together(problems: list[RecipeError]) -> RecipeError:
+    """Several problems as one error: the first, with the others (and theirs) after it."""
+    flat = [p for problem in problems for p in (problem, *problem.also)]
+    first = flat[0]
+    return RecipeError(
+        first.message,
+        file=first.file,
+        line=first.line,
+        field=first.field,
+        fix=first.fix,
+        also=tuple(
+            RecipeError(p.message, file=p.file, line=p.line, field=p.field, fix=p.fix)
+            for p in flat[1:]
+        ),
+    )
+
+
 class Binder:
     """Binds one document; ``root`` is the dataclass of the whole document."""
 
@@ -84,9 +101,12 @@ class Binder:
         self.doc = doc
         self.root = root
         self._all_keys = _key_index(root)
+        # unknown keys found so far: binding goes on without them, so that every problem of the
+        # document is reported in one pass (``bind`` raises them, with what else it finds)
+        self._problems: list[RecipeError] = []
 
-    def fail(self, path: Path_, message: str, fix: str | None) -> NoReturn:
-        raise RecipeError(
+    def _error(self, path: Path_, message: str, fix: str | None) -> RecipeError:
+        return RecipeError(
             message,
             file=self.doc.file,
             line=self.doc.line(path),
@@ -94,7 +114,24 @@ class Binder:
             fix=fix,
         )
 
+    def fail(self, path: Path_, message: str, fix: str | None) -> NoReturn:
+        """A problem that stops binding: raised after the unknown keys found before it."""
+        raise together([*self.problems, self._error(path, message, fix)])
+
+    @property
+    def problems(self) -> list[RecipeError]:
+        """The unknown keys found so far, in the order of their lines."""
+        return sorted(self._problems, key=lambda p: p.line or 0)
+
     def bind(self) -> Any:
+        """The document bound; RecipeError with every unknown key when there were any."""
+        value = self.bind_partial()
+        if self.problems:
+            raise together(self.problems)
+        return value
+
+    def bind_partial(self) -> Any:
+        """The document bound without its unknown keys (``problems`` lists them)."""
         if self.doc.value is None:
             self.fail((), "the file is empty", "start from recipes/quickstart.yaml")
         return self.bind_dataclass(self.root, self.doc.value, ())
@@ -110,7 +147,7 @@ class Binder:
             )
         for key in value:
             if key not in fields:
-                self._unknown_key(key, path, tuple(fields))
+                self._problems.append(self._unknown_key(key, path, tuple(fields)))
         hints = typing.get_type_hints(cls)
         kwargs = {}
         for name, spec in fields.items():
@@ -129,12 +166,12 @@ class Binder:
                 )
         return cls(**kwargs)
 
-    def _unknown_key(self, key: str, path: Path_, allowed: tuple[str, ...]) -> NoReturn:
+    def _unknown_key(self, key: str, path: Path_, allowed: tuple[str, ...]) -> RecipeError:
         shown = _cut(key)
         guessable = len(key) <= MAX_NAME_GUESS  # difflib's time grows with the square of it
         close = difflib.get_close_matches(key, allowed, n=1, cutoff=0.6) if guessable else []
         if close:
-            self.fail(
+            return self._error(
                 path + (key,),
                 f"unknown key '{shown}' (did you mean '{close[0]}'?)",
                 f"rename it to '{close[0]}'",
@@ -142,12 +179,14 @@ class Binder:
         elsewhere = [p for p in self._all_keys.get(key, ()) if p != path]
         if elsewhere:
             home = path_text(elsewhere[0]) or "the top level"
-            self.fail(
+            return self._error(
                 path + (key,),
                 f"unknown key '{shown}' here; it belongs under {home}",
                 f"move '{shown}' under {home}",
             )
-        self.fail(path + (key,), f"unknown key '{shown}'", f"use one of: {', '.join(allowed)}")
+        return self._error(
+            path + (key,), f"unknown key '{shown}'", f"use one of: {', '.join(allowed)}"
+        )
 
     def bind_value(self, hint: Any, value: Any, path: Path_, meta: Mapping[str, Any]) -> Any:
         """``value`` as ``hint``; ``meta`` is the field's metadata: its help and its limits."""

@@ -47,7 +47,15 @@ from provisioners.azure.instances import (
 from provisioners.azure.network import ArmNics, NicFactory
 from provisioners.azure.offers import GpuSize, gpu_sizes, offers_of
 from provisioners.azure.prices import PRICES_URL, PriceSource, RetailPrices
-from provisioners.azure.sdk import CLOUD, compute_client, exceptions, from_code, map_error, mapped
+from provisioners.azure.sdk import (
+    CLOUD,
+    compute_client,
+    exceptions,
+    from_code,
+    identity,
+    map_error,
+    mapped,
+)
 from provisioners.base import (
     BOOTSTRAP_INSTALL_S,
     GPU_VM_BOOT_S,
@@ -189,6 +197,9 @@ class AzureProvisioner(Provisioner):
     # ---- the contract ----------------------------------------------------------------------------
 
     def check_credentials(self) -> None:
+        # a missing SDK first: installing it is the first thing to do, before any login
+        compute_client()
+        identity()
         require_subscription(self._subscription_id)
         if self._credential is None:  # an explicit credential is the caller's choice
             require_credential(find_credential())

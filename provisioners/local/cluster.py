@@ -21,11 +21,16 @@ vanished VM loses its raylet and everything the raylet started at once.
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
+import fcntl
 import logging
 import os
+import socket
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from provisioners.local import reaper
 
@@ -163,7 +168,8 @@ class LocalCluster(ClusterNodes):
             if self._dies_with_owner:
                 self._reaper = reaper.Reaper.start(session)
             try:
-                self._cluster = start_head(session, self._head_cpus, dashboard=self.dashboard)
+                with dashboard_port_lock() if self.dashboard else contextlib.nullcontext():
+                    self._cluster = start_head(session, self._head_cpus, dashboard=self.dashboard)
             except BaseException:
                 self._release_reaper()  # it sweeps what a failed start left running
                 raise
@@ -280,7 +286,42 @@ def preempted_nodes(address: str, *, label: str) -> dict[str, float]:
     return found
 
 
-def start_head(session: str, cpus: int, *, node_ip: str | None = None, dashboard: bool = False):
+DASHBOARD_PORT = 8265  # Ray's own default: the one people type
+
+
+@contextlib.contextmanager
+def dashboard_port_lock():
+    """Held while a head picks its dashboard's port and starts on it: two jobs starting at once
+    on this machine would otherwise both find Ray's default port free, and the second head
+    would wait a minute for a dashboard that cannot bind, then fail."""
+    path = Path(tempfile.gettempdir()) / f"geo-orchestrator-dashboard-{os.getuid()}.lock"
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(descriptor)  # and the lock with it
+
+
+def dashboard_port() -> int:
+    """Ray's default dashboard port where it is free on this network's 127.0.0.1, else a free
+    one (Ray gives up on a taken port: another job's dashboard)."""
+    for port in (DASHBOARD_PORT, 0):
+        try:
+            with socket.create_server(("127.0.0.1", port)) as probe:
+                return probe.getsockname()[1]
+        except OSError:
+            continue
+    raise AssertionError("no free port on 127.0.0.1")
+
+
+def start_head(
+    session: str,
+    cpus: int,
+    *,
+    node_ip: str | None = None,
+    dashboard: bool = False,
+):
     """A ``ray.cluster_utils.Cluster`` with its head node started, in Ray session ``session``
     (listening on ``node_ip`` where given: a namespace VM's overlay address); ``dashboard``:
     with Ray's dashboard and its HTTP API (``ray list actors``) on the head's 127.0.0.1."""
@@ -300,6 +341,7 @@ def start_head(session: str, cpus: int, *, node_ip: str | None = None, dashboard
             "resources": {"head": 1.0, "controller": 1.0},
             "object_store_memory": OBJECT_STORE_BYTES,
             "include_dashboard": dashboard,
+            **({"dashboard_port": dashboard_port()} if dashboard else {}),
             "_system_config": dict(HEALTH_CHECK),
             "session_name": session,
             **({"node_ip_address": node_ip} if node_ip else {}),

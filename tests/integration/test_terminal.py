@@ -152,7 +152,7 @@ def test_a_detached_job_outlives_its_terminal_and_is_followed_from_another_folde
 
     endpoints = _until(lambda: _read_json(folder / "endpoints.json"), timeout_s=120)
     actors = _until(lambda: _job_actors(endpoints["dashboard"], name), timeout_s=120)
-    assert f"driver-{name}" in actors and any("-stage0-dp0@local/" in a for a in actors), actors
+    assert f"driver-{name}" in actors and any(":stage0-dp0@local/" in a for a in actors), actors
     listed = _orchestrator(["status", name, "--json"], cwd=elsewhere)  # a shell anywhere
     assert json.loads(listed.stdout)["jobs"][0]["phase"] not in ("done", "failed")
     metrics = _until(lambda: _metric(endpoints["metrics"], name), timeout_s=120)
@@ -204,7 +204,7 @@ def _job_actors(dashboard: str, job: str) -> list[str] | None:
     except (OSError, ValueError, KeyError):
         return None
     names = [a["name"] for a in listed if a["state"] == "ALIVE" and a.get("name")]
-    return names if any("-stage0-" in n for n in names) else None
+    return names if any(":stage0-" in n for n in names) else None
 
 
 def _metric(url: str, job: str) -> str | None:

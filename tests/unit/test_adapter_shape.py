@@ -4,6 +4,7 @@ and the one file set each cloud adapter has."""
 from __future__ import annotations
 
 import re
+import sys
 import threading
 from pathlib import Path
 
@@ -84,6 +85,20 @@ def test_a_missing_sdk_names_its_package_and_the_extra_that_installs_it():
     assert "pip install 'geo-orchestrator[aws]'" in raised.value.fix
     assert "pip install -e '.[aws]'" in raised.value.fix
     assert load_sdk("json", cloud="aws", package="x", extra="aws").__name__ == "json"
+
+
+@pytest.mark.parametrize("provider", ["aws", "gcp", "azure", "skypilot"])
+def test_a_missing_sdk_is_named_before_missing_credentials(provider, monkeypatch):
+    """With neither the SDK nor credentials, the first fix is the package to install."""
+    from provisioners.registry import create
+
+    for name in ("AZURE_SUBSCRIPTION_ID", "AWS_ACCESS_KEY_ID", "GOOGLE_CLOUD_PROJECT"):
+        monkeypatch.delenv(name, raising=False)
+    for module in ("boto3", "google.cloud.compute_v1", "azure.mgmt.compute", "sky"):
+        monkeypatch.setitem(sys.modules, module, None)  # stands for a package not installed
+    with pytest.raises(SdkMissing) as raised:
+        create(provider).check_credentials()
+    assert f"pip install 'geo-orchestrator[{provider}]'" in raised.value.fix
 
 
 ERRORS = ErrorMap(

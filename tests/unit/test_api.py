@@ -79,3 +79,37 @@ def test_dashboard_metrics_are_set_per_step_with_the_job_tag():
 def test_a_handle_on_a_name_that_is_not_a_job_name_is_refused(tmp_path):
     with pytest.raises(UserError, match="not a job name"):
         orchestrator.job("../../etc", jobs_dir=tmp_path)
+
+
+def test_the_plot_marks_notices_losses_recoveries_and_breaks_the_line_at_a_pause(tmp_path):
+    import math
+
+    import pandas as pd
+
+    from orchestrator.cli.job_plot import _broken_at_pauses, draw_job
+
+    times = [100.0, 101.0, 102.0, 120.0, 121.0]  # a pause of 18 s after step 3
+    metrics = pd.DataFrame(
+        {"time_s": times, "samples_per_s": [30.0] * 5, "usd_spent": [0.001 * i for i in range(5)]}
+    )
+    events = pd.DataFrame(
+        [
+            {"time_s": 102.5, "event": "preemption_notice", "details": {}},
+            {"time_s": 103.0, "event": "node_lost", "details": {}},
+            {"time_s": 120.0, "event": "recovered", "details": {"recovery_s": 17.5}},
+            {"time_s": 110.0, "event": "checkpointed", "details": {}},
+        ]
+    )
+    (xs, _), _ = _broken_at_pauses([t - 100 for t in times], [1] * 5, [2] * 5)
+    assert math.isnan(xs[3]) and xs[4] == 20.0  # no line across the pause
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(2, 1)
+    draw_job(axes, metrics, events, predicted_samples_per_s=40.0)
+    labels = [t.get_text() for t in axes[0].get_legend().get_texts()]
+    assert labels == ["measured", "predicted", "preemption notice", "node lost", "recovered"]
+    assert len(axes[0].patches) == 1  # the recovery's pause, shaded
+    plt.close(figure)

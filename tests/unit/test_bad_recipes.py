@@ -487,6 +487,32 @@ def test_all_problems_are_reported_together(write_recipe):
     assert info.value.render().count("To fix:") == 3
 
 
+def test_unknown_keys_do_not_hide_the_other_problems(write_recipe):
+    """Every unknown key (in the file's order), then what the checks find in the rest."""
+    text = MODEL + textwrap.dedent("""\
+        training:
+          global_batch_size: 16
+          epochs: 3
+          steps: 0
+        objectiv:
+          goal: max_throughput
+        runtime:
+          streams: 0
+          turbo: true
+        """)
+    with pytest.raises(RecipeError) as info:
+        load_recipe(write_recipe(text))
+    fields = [info.value.field] + [e.field for e in info.value.also]
+    assert fields == [
+        "training.epochs",
+        "objectiv",
+        "runtime.turbo",
+        "training.steps",
+        "runtime.streams",
+    ]
+    assert "did you mean 'objective'" in info.value.render()
+
+
 def test_missing_file_is_a_user_error(tmp_path):
     with pytest.raises(RecipeError) as info:
         load_recipe(tmp_path / "absent.yaml")

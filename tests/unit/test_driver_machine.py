@@ -384,9 +384,24 @@ def test_the_budget_stops_the_job_after_a_checkpoint(tmp_path):
     cloud = FakeCloud({US: 2})
     trainer = FakeTrainer(cloud)
     state = make_driver(tmp_path, cloud, trainer, budget=0.0055).run()
-    assert state.phase == "done" and state.step < 20
+    assert state.phase == "stopped" and state.step < 20  # not done: its steps are not
     assert trainer.checkpoints[-1] == state.step and cloud.alive_nodes == {}
-    assert "budget_reached" in names(tmp_path)
+    assert names(tmp_path)[-1] == "budget_reached" and "finished" not in names(tmp_path)
+    assert state.compute_usd + state.egress_usd <= 0.0055  # stopped before it was exceeded
+
+
+def test_a_job_stopped_on_its_budget_and_submitted_again_logs_a_resume(tmp_path):
+    """Honest phases: a stop logs no "finished"; a resubmit is a resume, not a restart."""
+    cloud = FakeCloud({US: 2})
+    stopped = make_driver(tmp_path, cloud, FakeTrainer(cloud), budget=0.0055).run()
+    assert stopped.phase == "stopped"
+    store = StateStore(tmp_path / "job")  # what submit does with it (job.py: _state)
+    store.save(stopped.evolve(phase="recover", resumed_from="stopped"))
+    state = make_driver(tmp_path, cloud, FakeTrainer(cloud)).run()  # no budget now
+    assert state.phase == "done" and state.step == 20
+    kinds = names(tmp_path)
+    assert "resumed" in kinds and "driver_restarted" not in kinds
+    assert kinds.index("budget_reached") < kinds.index("resumed") < kinds.index("finished")
 
 
 class DriverDied(BaseException):

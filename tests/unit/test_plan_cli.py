@@ -38,12 +38,12 @@ def test_table_lists_ranked_plans_with_reasons(capsys):
     out = capsys.readouterr().out
     lines = out.splitlines()
     header = lines[1].split()
-    assert header[:3] == ["rank", "gpus", "by"]
+    assert header[:3] == ["rank", "gpus@place", "shape"]
     for column in ("shape", "mbs", "samples_s", "usd_per_h", "usd_per_1m", "egress", "peak_gib"):
         assert column in header
     ranks = [line.split()[0] for line in lines[3:6]]
     assert ranks == ["1", "2", "3"]
-    assert "local/sim-" in lines[3] and "T4 spot" in lines[3] and "PP" in lines[3]
+    assert "T4@sim-" in lines[3] and "PP" in lines[3]  # GPUs per zone (--json: the whole place)
     # every runner-up says why it lost, against the best's figures
     assert any(line.startswith("2: ") and " vs " in line for line in lines)
     assert any(line.startswith("3: ") and " vs " in line for line in lines)
