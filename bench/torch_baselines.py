@@ -29,6 +29,9 @@ class Turn:
     losses: dict[int, float]
 
 
+PORT_ATTEMPTS = 3
+
+
 class TorchSide:
     """Two spawned processes, each one torch rank, that train a turn when told to."""
 
@@ -36,9 +39,22 @@ class TorchSide:
         import torch.multiprocessing as mp
 
         context = mp.get_context("spawn")
-        self.config, self.results = config, context.Queue()
+        self.config, self.processes = config, []
+        # the port is free when chosen, not when rank 0 binds it (a test beside this one may
+        # take it meanwhile): a start that lost it is made again on another
+        for attempt in range(PORT_ATTEMPTS):
+            try:
+                self._start(kind, config, context, f"tcp://127.0.0.1:{loopback_port()}")
+                return
+            except RuntimeError as error:
+                for process in self.processes:
+                    process.kill()
+                if attempt + 1 == PORT_ATTEMPTS or "EADDRINUSE" not in str(error):
+                    raise
+
+    def _start(self, kind: str, config, context, init_method: str) -> None:
+        self.results = context.Queue()  # fresh: nothing of a failed start is read
         self.commands = [context.Queue() for _ in range(WORLD)]
-        init_method = f"tcp://127.0.0.1:{loopback_port()}"
         self.processes = [
             context.Process(
                 target=_torch_rank,
