@@ -23,7 +23,7 @@ from orchestrator.cli import (
     simulate_cmd,
     submit_cmd,
 )
-from orchestrator.cli.jobs_cmd import printable
+from orchestrator.cli.output import printable
 from orchestrator.errors import USER_ERROR_EXIT_CODE, UserError
 
 

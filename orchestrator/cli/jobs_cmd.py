@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from orchestrator.catalog import Catalog
-from orchestrator.cli.output import format_table, help_text, print_json
+from orchestrator.cli.output import format_table, help_text, print_json, printable
 from orchestrator.cli.watch import Terminal, follow_job, short_ids
 from orchestrator.driver.events import read_events
 from orchestrator.driver.hosts import ask_stop, refresh
@@ -267,18 +267,3 @@ def _no_job(folder: Path) -> UserError:
         field="JOB",
         fix="python -m orchestrator status lists the jobs; --jobs-dir says where to look",
     )
-
-
-def printable(value: object) -> object:
-    """Text with its control characters (escape sequences, carriage returns) written as escapes,
-    so that what a file holds cannot drive the terminal; other values as they are."""
-    if not isinstance(value, str) or value.isprintable() or _only_newlines(value):
-        return value
-    return "".join(
-        c if c.isprintable() or c == "\n" else c.encode("unicode_escape").decode("ascii")
-        for c in value
-    )
-
-
-def _only_newlines(text: str) -> bool:
-    return text.replace("\n", "").isprintable()

@@ -66,3 +66,18 @@ def help_text(docstring: str) -> str:
     text = _SOURCE_NOTE.sub(keep_rest, docstring.replace("``", ""))
     text = _TRAILING_SOURCE.sub("", text)
     return text.strip()
+
+
+def printable(value: object) -> object:
+    """Text with its control characters (escape sequences, carriage returns) written as escapes,
+    so that what a file holds cannot drive the terminal; other values as they are."""
+    if not isinstance(value, str) or value.isprintable() or _only_newlines(value):
+        return value
+    return "".join(
+        c if c.isprintable() or c == "\n" else c.encode("unicode_escape").decode("ascii")
+        for c in value
+    )
+
+
+def _only_newlines(text: str) -> bool:
+    return text.replace("\n", "").isprintable()

@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 from typing import TextIO
 
+from orchestrator.cli.output import printable
 from orchestrator.driver.events import LogTail
 
 OUTPUT_LOG = "output.log"
@@ -124,7 +125,7 @@ class EventFollower:
             for event in self.tail.read():
                 text = event_text(event)
                 if text is not None:
-                    self.terminal.line(_printable(text))
+                    self.terminal.line(printable(text))
 
     def close(self) -> None:
         self._stop.set()
@@ -192,16 +193,6 @@ def _isatty(stream: TextIO) -> bool:
         return False
 
 
-def _printable(text: str) -> str:
-    """What the event log held, with control characters escaped (it cannot drive the
-    terminal)."""
-    if text.isprintable():
-        return text
-    return "".join(
-        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
-    )
-
-
 class WorkerOutput:
     """What the job's Ray workers print (their ``worker-*.out`` and ``.err`` in the job's
     ``ray-logs``), line by line as it is written, each line tagged with the worker's actor
@@ -253,13 +244,13 @@ def follow_job(folder: Path, terminal: Terminal, *, stop: threading.Event | None
         for event in events.read():
             text = event_text(event)
             if text is not None:
-                terminal.line(_printable(text))
+                terminal.line(printable(text))
         for row in steps.read():
             if row["step"] // 10 > kept // 10:
                 kept = row["step"]
                 terminal.line(_step_text(row))
         for text in workers.read():
-            terminal.line(_printable(text))
+            terminal.line(printable(text))
         try:
             state = StateStore(folder).load().state
         except StateCorrupt as error:

@@ -184,8 +184,8 @@ def _run_locked(
     if not options.emulate:  # the local cloud: its plan and price before anything is rented
         from orchestrator.driver.local import first_choice
 
-        measured = profiled(recipe, recipe_path, folder)
-        choice = first_choice(measured, recipe_path, catalog, plan_file=options.plan_file)
+        recipe = profiled(recipe, recipe_path, folder)  # prepare finds it profiled
+        choice = first_choice(recipe, recipe_path, catalog, plan_file=options.plan_file)
         steps_left = recipe.training.steps - _resumed_step(folder, options.from_scratch)
         if options.confirm is not None and not options.confirm(choice, steps_left):
             raise NotConfirmed(choice, folder)

@@ -568,32 +568,6 @@ class Driver(Guards, Moves, Profiling):
         self._save(checkpoint_step=self.state.step)
         self._log("checkpointed", "", why, details={"step": self.state.step})
 
-    def _spent(self) -> float:
-        return self.state.compute_usd + self.state.egress_usd
-
-    def _over_budget(self, step_usd: float) -> bool:
-        """Stop before the recipe's ``budget_usd`` is exceeded: when another step like the one
-        just committed (``step_usd``) and then the checkpoint that ends the job (its time as last
-        measured, else a step's cost) would pass it, checkpoint now, let every node go, stop."""
-        budget, spent = self.config.budget_usd, self._spent()
-        if budget is None:
-            return False
-        hourly = sum(r.usd_per_node_hour for r in self.session.nodes.values())
-        wrap_up = self.session.checkpoint_s * hourly / 3600 or max(step_usd, 0.0)
-        if spent + max(step_usd, 0.0) + wrap_up <= budget:
-            return False
-        self._checkpoint("the budget")
-        self._release()
-        spent = self._spent()  # and the nodes' seconds until they were let go
-        self._log(
-            "budget_reached",
-            "stopped: released every node",
-            f"${spent:.4g} spent of the budget's ${budget:.4g}; the next step would cost about "
-            f"${step_usd:.2g} more",
-            details={"step": self.state.step, "usd_spent": spent, "budget_usd": budget},
-        )
-        return True
-
     def _finish(self) -> None:
         self._release()
         self._log("finished", "released every node", f"{self.state.step} steps")
