@@ -83,6 +83,13 @@ def add_submit(commands: argparse._SubParsersAction, formatter: type) -> None:
         help="what a local cloud VM is [the recipe's local_cloud.vms]",
     )
     p.add_argument(
+        "--no-dashboard",
+        dest="dashboard",
+        action="store_false",
+        help="start the local cloud's head without Ray's dashboard (nothing bound to port 8265, "
+        "no `ray list actors`; the job's Prometheus metrics stay)",
+    )
+    p.add_argument(
         "--emulate",
         action="store_true",
         help="run a cloud provider's recipe (aws, gcp, azure) on its emulation (needs root): the "
@@ -143,6 +150,7 @@ def run_submit(args: argparse.Namespace, catalog: Catalog) -> int:
         confirm=confirm,
         from_scratch=args.from_scratch,
         vms=args.vms,
+        dashboard=args.dashboard,
         emulate=args.emulate,
         controller_vm=args.emulate,
     )
@@ -287,6 +295,8 @@ def _child_command(args: argparse.Namespace) -> list[str]:
         command += ["--notice-s", repr(args.notice_s)]
     if args.vms is not None:
         command += ["--vms", args.vms]
+    if not args.dashboard:
+        command.append("--no-dashboard")
     if args.plan is not None:
         command += ["--plan", str(args.plan.resolve())]
     if args.from_scratch:

@@ -37,9 +37,10 @@ def run_on_local_cloud(
     vms: str | None,
     notice_s: float | None,
     on_step,
+    dashboard: bool = True,
 ):
-    """Start the local cloud, run the job's driver on it, follow it to its end; the final state
-    and plan."""
+    """Start the local cloud (its head with Ray's dashboard where ``dashboard``), run the job's
+    driver on it, follow it to its end; the final state and plan."""
     from provisioners.local.provisioner import LocalProvisioner
 
     recipe, local = spec.recipe, spec.recipe.local_cloud
@@ -50,7 +51,7 @@ def run_on_local_cloud(
         wanted=vms or local.vms,
         grace_s=recipe.recovery.controller_grace_s,
         host_gpus=host_gpus(local.devices),
-        dashboard=True,
+        dashboard=dashboard,
     )
     provisioner = LocalProvisioner(
         seed=recipe.training.seed,

@@ -1,12 +1,9 @@
 """Fixtures shared by integration tests: moto's S3 server on 127.0.0.1, fake AWS credentials, and a
 Ray cluster of a test module's own; and which tests may run beside which under xdist.
 
-The tier runs on two xdist workers. The modules that take the whole machine form two groups, each
-run one test after another on one worker: the Ray runtime and local-cloud jobs (``RAY``: their
-timings stay what they were written for, e.g. the straggler test's measured shares), and the
-namespace VMs and standing emulated clouds (``NAMESPACES``: correctness with generous waits,
-whatever runs beside them). The adapters' tests against fakes and in-memory servers fill in
-around them."""
+The tier runs on two xdist workers, which hand out units of work longest first: the namespace VMs
+and standing emulated clouds together (``NAMESPACES``), each module that starts Ray on its own
+(``RAY``), every other test alone (the adapters' tests against fakes fill in around the rest)."""
 
 from __future__ import annotations
 
@@ -36,6 +33,8 @@ FAKE_AWS = {
 }
 
 
+# The namespace VMs and standing emulated clouds: one unit of work, run test after test on one
+# worker (correctness with generous waits, whatever runs beside them; never two of them at once).
 NAMESPACES = frozenset(
     {
         "test_controller_vm",
@@ -46,7 +45,9 @@ NAMESPACES = frozenset(
         "test_overlay",
     }
 )
-# (test_bench_runtime_vs_torch's quick run checks equal losses, not speed: it runs beside them)
+# Every other module that starts Ray (the runtime, local-cloud jobs) is a unit of its own: its
+# module-scoped cluster serves all its tests on one worker. The adapters' tests against fakes
+# and in-memory servers are a unit per test and fill in around them.
 RAY = frozenset(
     {
         "test_chaos",
@@ -65,30 +66,73 @@ RAY = frozenset(
         "test_terminal",
     }
 )
+# Seconds each unit took in a full run of this tier on this machine (BENCHMARKS.md, "The test
+# suite's time"), for the order the units start in only: longest first, so that the two workers
+# end at about the same time (an unlisted unit counts as short). A stale figure costs wall time,
+# never a result.
+UNIT_S = {
+    "namespaces": 570,
+    "test_chaos": 180,
+    "test_own_models_submit": 150,
+    "test_runtime_training": 100,
+    "test_terminal": 85,
+    "test_straggler": 80,
+    "test_checkpoint": 70,
+    "test_runtime_tensor_parallel": 65,
+    "test_bench_runtime_vs_torch": 55,
+    "test_plan_shapes": 50,
+    "test_runtime_takeover": 45,
+    "test_runtime_failures": 40,
+    "test_runtime_models": 30,
+    "test_local_provisioner": 25,
+}
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
+
+
+def _unit(nodeid: str) -> str:
+    """The unit of work a test belongs to under xdist: ``namespaces``, its module (a Ray
+    module), or the test itself."""
+    module = _module(nodeid)
+    if module in NAMESPACES:
+        return "namespaces"
+    return module if module in RAY else nodeid
+
+
+def _unit_s(nodeid: str) -> float:
+    unit = _unit(nodeid)
+    return UNIT_S.get("namespaces" if unit == "namespaces" else _module(nodeid), 0.0)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
     """Every test under tests/integration carries the ``integration`` mark, whether its module
-    says so or not (``-m "not integration"`` then leaves exactly this folder out)."""
+    says so or not (``-m "not integration"`` then leaves exactly this folder out); and the tests
+    come longest unit first (xdist hands the units out in this order)."""
     here = os.path.dirname(__file__)
     for item in items:
         if os.path.dirname(str(item.path)) == here:
             item.add_marker(pytest.mark.integration)
+    ours = [item for item in items if os.path.dirname(str(item.path)) == here]
+    if ours:
+        others = [item for item in items if os.path.dirname(str(item.path)) != here]
+        # stable: within a unit, and among units of equal weight, the files' own order
+        ours.sort(key=lambda item: -_unit_s(item.nodeid))
+        items[:] = others + ours
 
 
 def pytest_xdist_make_scheduler(config, log):
-    """Under xdist: each group of machine-wide modules is one unit of work (one worker runs it
-    test after test), every other test a unit of its own. (xdist's own ``--dist loadgroup`` reads
-    groups off node ids that pytest 9 no longer lets it change.)"""
+    """Under xdist: each unit (``_unit``) goes to one worker whole, in the collection's order
+    (longest first, above). (xdist's own ``--dist loadgroup`` reads groups off node ids that
+    pytest 9 no longer lets it change.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class MachineScheduling(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            module = nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
-            if module in RAY:
-                return "ray"
-            return "namespaces" if module in NAMESPACES else nodeid
+            return _unit(nodeid)
 
+    config.option.loadscopereorder = False  # xdist would order the units by their test counts
     return MachineScheduling(config, log)
 
 

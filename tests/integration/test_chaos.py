@@ -153,7 +153,9 @@ def test_losses_without_notice_on_a_pipeline_without_replicas_roll_back_to_the_c
         if state.step >= 33:
             (folder / STOP_FILE).write_text("stop\n")
 
-    options = RunOptions(jobs_dir=jobs, lose_at=(14, 27), on_step=stop_after_33, vms="processes")
+    options = RunOptions(
+        jobs_dir=jobs, lose_at=(14, 27), on_step=stop_after_33, vms="processes", dashboard=False
+    )
     first = run_job(recipe, default_catalog(), options).state
     # the follower sees a step a little after the driver commits it: it stops soon after 33
     assert first.phase == "stopped" and first.checkpoint_step == first.step >= 33
@@ -179,7 +181,7 @@ def test_losses_without_notice_on_a_pipeline_without_replicas_roll_back_to_the_c
         path.write_bytes(b"\x00garbage")
     # as a user would: its own process, its exit code, what it prints
     command = [sys.executable, "-m", "orchestrator", "submit", str(recipe), "--jobs-dir", str(jobs)]
-    command += ["--vms", "processes"]
+    command += ["--vms", "processes", "--no-dashboard"]
     done = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=REPO)
     out, err = done.stdout, done.stderr
     state = json.loads((folder / "state.json").read_text())["state"]

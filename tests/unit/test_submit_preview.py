@@ -84,3 +84,24 @@ def test_a_stopped_job_resumes_in_the_same_logs(tmp_path):
     EventLog(tmp_path / "events.jsonl").append(Event(event="stopped"))
     assert archive_ended_run(tmp_path, from_scratch=False) is None
     assert (tmp_path / "events.jsonl").exists()
+
+
+def test_a_detached_submit_passes_its_choices_on_to_the_process_that_runs_the_job(tmp_path):
+    """The detached child runs the same job as the command typed: its VMs, its dashboard choice,
+    its chaos and plan file reach the child's command line, with absolute paths."""
+    from orchestrator.cli import build_parser
+    from orchestrator.cli.submit_cmd import _child_command
+
+    plan = tmp_path / "plan.json"
+    typed = ["submit", "job.yaml", "--detach", "--vms", "processes", "--no-dashboard"]
+    typed += ["--preempt-at", "20", "--notice-s", "1.5", "--plan", str(plan)]
+    child = _child_command(build_parser().parse_args(typed))
+    assert child[child.index("submit") + 1] == str(Path("job.yaml").resolve())
+    assert "--yes" in child and "--detach" not in child
+    assert "--no-dashboard" in child and child[child.index("--vms") + 1] == "processes"
+    assert child[child.index("--preempt-at") + 1] == "20"
+    assert child[child.index("--notice-s") + 1] == "1.5"
+    assert child[child.index("--plan") + 1] == str(plan)
+    # with the dashboard (the default), the child starts it too
+    default = _child_command(build_parser().parse_args(["submit", "job.yaml", "--detach"]))
+    assert "--no-dashboard" not in default
