@@ -95,25 +95,59 @@ def package_root() -> Path:
 def build_wheel(out: Path) -> Path:
     """The wheel of this checkout (the nodes install it, as a cloud's VMs install a release);
     the one already in ``out`` when no file of the checkout changed since it was built (a
-    relaunched controller does not wait for a new one)."""
+    relaunched controller does not wait for a new one), else a copy of this user's cached one
+    for this checkout (``wheel_cache``) when it is that recent, else one built now."""
     out.mkdir(parents=True, exist_ok=True)
+    newest = _newest_source_ns()
     built = list(out.glob("geo_orchestrator-*.whl"))
-    if len(built) == 1 and built[0].stat().st_mtime_ns > _newest_source_ns():
+    if len(built) == 1 and built[0].stat().st_mtime_ns > newest:
         return built[0]
     for old in out.glob("*.whl"):
         old.unlink()
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
-        + ["--no-index", "-w", str(out), str(package_root())],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    wheels = list(out.glob("geo_orchestrator-*.whl"))
-    if done.returncode != 0 or len(wheels) != 1:
-        raise RuntimeError(f"building the nodes' wheel failed: {done.stderr.strip()[-400:]}")
-    return wheels[0]
+    cache = wheel_cache()
+    cached = [w for w in cache.glob("geo_orchestrator-*.whl") if w.stat().st_mtime_ns > newest]
+    source = cached[0] if len(cached) == 1 else _build_into(cache)
+    target = out / source.name
+    shutil.copy2(source, target)  # with its time, which says it is newer than the sources
+    return target
+
+
+def wheel_cache() -> Path:
+    """This user's folder of the wheel built from this checkout (``$XDG_CACHE_HOME`` or
+    ~/.cache, one folder per checkout): each job's VMs install it, and building it takes
+    seconds of CPU that every namespace job would otherwise spend again."""
+    import hashlib
+
+    base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    checkout = hashlib.sha256(str(package_root()).encode()).hexdigest()[:16]
+    folder = base / "geo-orchestrator" / "wheels" / checkout
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return folder
+
+
+def _build_into(cache: Path) -> Path:
+    """Build the checkout's wheel in a folder of its own and move it into ``cache`` in one
+    step (two jobs building at once each leave a whole wheel, the later one replacing the
+    earlier)."""
+    work = Path(tempfile.mkdtemp(dir=cache, prefix="build-"))
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation"]
+            + ["--no-index", "-w", str(work), str(package_root())],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        wheels = list(work.glob("geo_orchestrator-*.whl"))
+        if done.returncode != 0 or len(wheels) != 1:
+            raise RuntimeError(f"building the nodes' wheel failed: {done.stderr.strip()[-400:]}")
+        for stale in cache.glob("geo_orchestrator-*.whl"):
+            if stale.name != wheels[0].name:
+                stale.unlink(missing_ok=True)
+        return wheels[0].replace(cache / wheels[0].name)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def _newest_source_ns() -> int:
