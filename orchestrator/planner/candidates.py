@@ -455,9 +455,20 @@ def expand_blocks(
     return gpus, tps
 
 
-def dp_degrees(space: SearchSpace, mbs: int, need: Mapping[str, int] | None = None) -> list[int]:
+def dp_degrees(
+    space: SearchSpace,
+    mbs: int,
+    need: Mapping[str, int] | None = None,
+    *,
+    most_affordable: int | None = None,
+    every_least: bool = False,
+) -> list[int]:
     """Data-parallel degrees that fit the GPUs there are, for pipelines that each need
-    ``need[gpu]`` GPUs of each type (None: one GPU of any type).
+    ``need[gpu]`` GPUs of each type (None: one GPU of any type), and at most
+    ``most_affordable`` pipelines where given (a $/h budget over one pipeline's GPUs: more
+    cannot be paid for, so the degrees above the largest divisor are counted from there).
+    ``every_least``: every least degree that fits, between divisors too (the cheapest plan over
+    a throughput floor may need 3 pipelines where 2 are too slow and 4 cost more).
 
     Every divisor of the batch's M microbatches, and above the largest divisor that fits, the
     degrees that do not divide M up to the most that fit: their pipelines run unequal shares
@@ -466,7 +477,8 @@ def dp_degrees(space: SearchSpace, mbs: int, need: Mapping[str, int] | None = No
     is kept, ``ceil(M / m)`` pipelines for m microbatches at most: a degree that adds pipelines
     without lowering the fullest one's count is no faster (the iteration waits for that pipeline,
     and any placement of its pipelines holds the fewer ones), syncs over more replicas and costs
-    more. Left out: degrees between two divisors that both fit (docs/planner.md)."""
+    more. Degrees between two divisors that both fit only with ``every_least``
+    (docs/planner.md)."""
     per = space.global_batch_size // mbs
     if need:
         most = min(space.capacity(g) // n for g, n in need.items())
@@ -476,9 +488,16 @@ def dp_degrees(space: SearchSpace, mbs: int, need: Mapping[str, int] | None = No
         most = sum(space.capacity(g) for g in space.gpu_types)
         if space.max_gpus:
             most = min(most, space.max_gpus)
+    if most_affordable is not None:
+        most = min(most, most_affordable)
     fitting = [d for d in divisors(per) if d <= most]
     above = fitting[-1] if fitting else 0
-    fitting += [d for d in least_degrees(per) if above < d <= most][-1:]
+    between = [d for d in least_degrees(per) if d <= most and d not in fitting]
+    fitting = (
+        sorted(fitting + between)
+        if every_least
+        else fitting + [d for d in between if d > above][-1:]
+    )
     allowed = set(space.data_parallel) if space.data_parallel else None
     return [d for d in fitting if allowed is None or d in allowed]
 

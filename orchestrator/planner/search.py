@@ -94,6 +94,10 @@ class _Search:
     def __init__(self, evaluator: Evaluator, space: SearchSpace, options: SearchOptions) -> None:
         self.e, self.space, self.options = evaluator, space, options
         self.objective = evaluator.objective
+        # the cheapest plan over a floor may need a degree between two divisors
+        self._cheapest_over_a_floor = (
+            self.objective.goal == "min_cost" and self.objective.min_samples_per_s is not None
+        )
         self.best_value = float("-inf")  # the best feasible plan's value so far
         self.kth_value = float("-inf")  # the k-th best (shape, D)'s, once there are k
         self.kept: dict[tuple, Evaluated] = {}  # (config, D) -> its best feasible plan
@@ -343,8 +347,8 @@ class _Search:
         need: dict[str, int] = {}
         for g, t in zip(gpus, tps, strict=True):
             need[g] = need.get(g, 0) + t
-        degrees = self._degrees(mbs, tuple(sorted(need.items())))
         hourly = self._hourly_per_pipeline(gpus, tps)
+        degrees = self._degrees(mbs, tuple(sorted(need.items())), self._affordable(hourly))
         if hourly is None or not degrees:
             self.result.skipped["node" if hourly is None else "gpus"] += 1
             return
@@ -370,12 +374,29 @@ class _Search:
             value, values = found
             self._push(value, "config", (mbs, gpus, tps, hourly, values))
 
-    def _degrees(self, mbs: int, need: tuple[tuple[str, int], ...]) -> list[int]:
-        """Data-parallel degrees for pipelines needing ``need`` GPUs per type (none: any count)."""
-        key = (mbs, need)
+    def _degrees(
+        self, mbs: int, need: tuple[tuple[str, int], ...], affordable: int | None = None
+    ) -> list[int]:
+        """Data-parallel degrees for pipelines needing ``need`` GPUs per type (none: any count),
+        at most ``affordable`` of them where given."""
+        key = (mbs, need, affordable)
         if key not in self._dp:
-            self._dp[key] = dp_degrees(self.space, mbs, dict(need))
+            self._dp[key] = dp_degrees(
+                self.space,
+                mbs,
+                dict(need),
+                most_affordable=affordable,
+                every_least=self._cheapest_over_a_floor,
+            )
         return self._dp[key]
+
+    def _affordable(self, hourly: float | None) -> int | None:
+        """The most pipelines of ``hourly`` $/h (their GPUs alone) a $/h budget pays for, at
+        least 1 (``_best_degree`` then says that one is over the budget); None: no budget."""
+        budget = self.objective.budget_usd_per_hour
+        if budget is None or not hourly:
+            return None
+        return max(1, math.floor(budget / hourly * (1 + 1e-12)))
 
     # ---- level 2: shapes (a config with a layer split) ----------------------------------
     def _expand_config(

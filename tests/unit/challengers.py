@@ -395,7 +395,15 @@ def outside_space(plan: Plan, context: PlanningContext) -> tuple[str, ...]:
     need: Counter = Counter()
     for stage in plan.stages:
         need[stage.replicas[0].gpu] += stage.replicas[0].tp
-    if dp not in dp_degrees(space, plan.microbatch_size, need):
+    objective = context.evaluator.objective
+    listed = dp_degrees(
+        space,
+        plan.microbatch_size,
+        need,
+        most_affordable=_affordable(plan, context),
+        every_least=objective.goal == "min_cost" and objective.min_samples_per_s is not None,
+    )
+    if dp not in listed:
         out.append("degree")
     total = space.global_batch_size // plan.microbatch_size
     if tuple(plan.microbatches()) != tuple(even_shares(total, dp) or (total // dp,) * dp):
@@ -405,6 +413,25 @@ def outside_space(plan: Plan, context: PlanningContext) -> tuple[str, ...]:
     if rows != Counter(ordered):
         out.append("chaining")
     return tuple(out)
+
+
+def _affordable(plan: Plan, context: PlanningContext) -> int | None:
+    """The most pipelines like ``plan``'s a $/h budget pays for (their GPUs at the cheapest
+    allowed prices), as the search counts them; None without a budget."""
+    budget = context.evaluator.objective.budget_usd_per_hour
+    if budget is None:
+        return None
+    prices = []
+    for spot in context.space.spot_options:
+        stage_prices = [
+            context.evaluator.cheapest_gpu_hour(s.replicas[0].gpu, s.replicas[0].tp, spot)
+            for s in plan.stages
+        ]
+        if None not in stage_prices:
+            prices.append(
+                sum(p * s.replicas[0].tp for p, s in zip(stage_prices, plan.stages, strict=True))
+            )
+    return max(1, math.floor(budget / min(prices) * (1 + 1e-12))) if prices else None
 
 
 def climb(
