@@ -461,14 +461,11 @@ def dp_degrees(
     need: Mapping[str, int] | None = None,
     *,
     most_affordable: int | None = None,
-    every_least: bool = False,
 ) -> list[int]:
     """Data-parallel degrees that fit the GPUs there are, for pipelines that each need
     ``need[gpu]`` GPUs of each type (None: one GPU of any type), and at most
     ``most_affordable`` pipelines where given (a $/h budget over one pipeline's GPUs: more
     cannot be paid for, so the degrees above the largest divisor are counted from there).
-    ``every_least``: every least degree that fits, between divisors too (the cheapest plan over
-    a throughput floor may need 3 pipelines where 2 are too slow and 4 cost more).
 
     Every divisor of the batch's M microbatches, and above the largest divisor that fits, the
     degrees that do not divide M up to the most that fit: their pipelines run unequal shares
@@ -477,7 +474,7 @@ def dp_degrees(
     is kept, ``ceil(M / m)`` pipelines for m microbatches at most: a degree that adds pipelines
     without lowering the fullest one's count is no faster (the iteration waits for that pipeline,
     and any placement of its pipelines holds the fewer ones), syncs over more replicas and costs
-    more. Degrees between two divisors that both fit only with ``every_least``
+    more. Left out: degrees between two divisors that both fit and are paid for
     (docs/planner.md)."""
     per = space.global_batch_size // mbs
     if need:
@@ -492,12 +489,7 @@ def dp_degrees(
         most = min(most, most_affordable)
     fitting = [d for d in divisors(per) if d <= most]
     above = fitting[-1] if fitting else 0
-    between = [d for d in least_degrees(per) if d <= most and d not in fitting]
-    fitting = (
-        sorted(fitting + between)
-        if every_least
-        else fitting + [d for d in between if d > above][-1:]
-    )
+    fitting += [d for d in least_degrees(per) if above < d <= most][-1:]
     allowed = set(space.data_parallel) if space.data_parallel else None
     return [d for d in fitting if allowed is None or d in allowed]
 

@@ -94,10 +94,6 @@ class _Search:
     def __init__(self, evaluator: Evaluator, space: SearchSpace, options: SearchOptions) -> None:
         self.e, self.space, self.options = evaluator, space, options
         self.objective = evaluator.objective
-        # the cheapest plan over a floor may need a degree between two divisors
-        self._cheapest_over_a_floor = (
-            self.objective.goal == "min_cost" and self.objective.min_samples_per_s is not None
-        )
         self.best_value = float("-inf")  # the best feasible plan's value so far
         self.kth_value = float("-inf")  # the k-th best (shape, D)'s, once there are k
         self.kept: dict[tuple, Evaluated] = {}  # (config, D) -> its best feasible plan
@@ -381,13 +377,7 @@ class _Search:
         at most ``affordable`` of them where given."""
         key = (mbs, need, affordable)
         if key not in self._dp:
-            self._dp[key] = dp_degrees(
-                self.space,
-                mbs,
-                dict(need),
-                most_affordable=affordable,
-                every_least=self._cheapest_over_a_floor,
-            )
+            self._dp[key] = dp_degrees(self.space, mbs, dict(need), most_affordable=affordable)
         return self._dp[key]
 
     def _affordable(self, hourly: float | None) -> int | None:

@@ -395,13 +395,8 @@ def outside_space(plan: Plan, context: PlanningContext) -> tuple[str, ...]:
     need: Counter = Counter()
     for stage in plan.stages:
         need[stage.replicas[0].gpu] += stage.replicas[0].tp
-    objective = context.evaluator.objective
     listed = dp_degrees(
-        space,
-        plan.microbatch_size,
-        need,
-        most_affordable=_affordable(plan, context),
-        every_least=objective.goal == "min_cost" and objective.min_samples_per_s is not None,
+        space, plan.microbatch_size, need, most_affordable=_affordable(plan, context)
     )
     if dp not in listed:
         out.append("degree")

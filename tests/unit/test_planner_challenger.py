@@ -211,6 +211,12 @@ def test_a_budget_that_leaves_out_the_next_divisor_gets_the_degree_below_it(tmp_
     )
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="for the cheapest plan over a floor, a degree between two divisors that both fit is "
+    "not in the planner's space (candidates.dp_degrees, docs/planner.md): listing every least "
+    "degree there made recipes/sailor-gptneo27-a100-v100.yaml plan in 7.4 s instead of 2.7 s",
+)
 def test_the_cheapest_plan_over_a_floor_takes_a_degree_between_two_divisors(tmp_path):
     # 2 pipelines (1,003.0 samples/s) miss the floor; 3 (1,235.1) meet it for 3/4 of what 4 cost
     best = _six_l4_best(tmp_path, "{goal: min_cost, min_throughput_samples_per_s: 1100}")
