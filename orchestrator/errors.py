@@ -64,5 +64,22 @@ class RecipeError(UserError):
     """A recipe (YAML) is malformed, has unknown keys, wrong types or impossible values."""
 
 
+def together(problems: list[RecipeError]) -> RecipeError:
+    """Several problems as one error: the first, with the others (and theirs) after it."""
+    flat = [p for problem in problems for p in (problem, *problem.also)]
+    first = flat[0]
+    return RecipeError(
+        first.message,
+        file=first.file,
+        line=first.line,
+        field=first.field,
+        fix=first.fix,
+        also=tuple(
+            RecipeError(p.message, file=p.file, line=p.line, field=p.field, fix=p.fix)
+            for p in flat[1:]
+        ),
+    )
+
+
 class CatalogError(UserError):
     """A file under configs/ (or one passed in its place) has a bad row or value."""

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from orchestrator.catalog import Catalog, default_catalog
-from orchestrator.errors import RecipeError
-from orchestrator.recipe.binder import Binder, together
+from orchestrator.errors import RecipeError, together
+from orchestrator.recipe.binder import Binder
 from orchestrator.recipe.checks import check_recipe
 from orchestrator.recipe.schema import (
     CheckpointConfig,

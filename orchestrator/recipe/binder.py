@@ -16,7 +16,7 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, NoReturn, Union
 
-from orchestrator.errors import RecipeError
+from orchestrator.errors import RecipeError, together
 from orchestrator.recipe.limits import MAX_LIST_ITEMS, MAX_TEXT_CHARS
 from orchestrator.yamlsrc import Path_, YamlDoc, path_text
 
@@ -75,23 +75,6 @@ def described(
     limits = {"most": most, "items": items, "chars": chars}
     metadata = {"help": text, **{k: v for k, v in limits.items() if v is not None}}
     return dataclasses.field(metadata=metadata, **kwargs)
-
-
-def together(problems: list[RecipeError]) -> RecipeError:
-    """Several problems as one error: the first, with the others (and theirs) after it."""
-    flat = [p for problem in problems for p in (problem, *problem.also)]
-    first = flat[0]
-    return RecipeError(
-        first.message,
-        file=first.file,
-        line=first.line,
-        field=first.field,
-        fix=first.fix,
-        also=tuple(
-            RecipeError(p.message, file=p.file, line=p.line, field=p.field, fix=p.fix)
-            for p in flat[1:]
-        ),
-    )
 
 
 class Binder:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.catalog import PROVIDER_CLOUDS, Catalog, Location, OfferTable
-from orchestrator.errors import CatalogError, RecipeError, UserError
+from orchestrator.errors import CatalogError, RecipeError, UserError, together
 from orchestrator.names import default_job_name, job_name_problem
 from orchestrator.recipe.limits import MAX_STREAMS, MAX_TENSOR_PARALLEL
 from orchestrator.recipe.model_checks import check_data, check_model, with_code
@@ -71,15 +71,7 @@ def check_recipe(recipe: Recipe, doc: YamlDoc, catalog: Catalog, folder: Path) -
     _check_recovery(checker)
     _check_local_cloud(checker)
     if checker.errors:
-        first, *rest = checker.errors
-        raise RecipeError(
-            first.message,
-            file=first.file,
-            line=first.line,
-            field=first.field,
-            fix=first.fix,
-            also=tuple(rest),
-        )
+        raise together(checker.errors)
     return dataclasses.replace(
         recipe,
         name=recipe.name or default_job_name(doc.file),

@@ -102,8 +102,9 @@ def _unit(nodeid: str) -> str:
 
 
 def _unit_s(nodeid: str) -> float:
-    unit = _unit(nodeid)
-    return UNIT_S.get("namespaces" if unit == "namespaces" else _module(nodeid), 0.0)
+    """The seconds of the test's unit (of its module, for a test that is a unit alone)."""
+    module = _module(nodeid)
+    return UNIT_S.get("namespaces" if module in NAMESPACES else module, 0.0)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -111,15 +112,12 @@ def pytest_collection_modifyitems(config, items) -> None:
     says so or not (``-m "not integration"`` then leaves exactly this folder out); and the tests
     come longest unit first (xdist hands the units out in this order)."""
     here = os.path.dirname(__file__)
-    for item in items:
-        if os.path.dirname(str(item.path)) == here:
-            item.add_marker(pytest.mark.integration)
     ours = [item for item in items if os.path.dirname(str(item.path)) == here]
-    if ours:
-        others = [item for item in items if os.path.dirname(str(item.path)) != here]
-        # stable: within a unit, and among units of equal weight, the files' own order
-        ours.sort(key=lambda item: -_unit_s(item.nodeid))
-        items[:] = others + ours
+    for item in ours:
+        item.add_marker(pytest.mark.integration)
+    others = [item for item in items if os.path.dirname(str(item.path)) != here]
+    # stable: within a unit, and among units of equal weight, the files' own order
+    items[:] = others + sorted(ours, key=lambda item: -_unit_s(item.nodeid))
 
 
 def pytest_xdist_make_scheduler(config, log):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+import time
 
 from orchestrator.cli import main
 
@@ -52,3 +54,15 @@ def fault_free_losses(plan: dict, recipe_text: str, folder) -> list[float]:
             return [trainer.step(step).loss for step in range(recipe.training.steps)]
         finally:
             trainer.stop()
+
+
+def until(what: str, predicate, *, timeout_s: float):
+    """``predicate()``'s first truthy value, looked at every half second: what it reads is
+    another process's (a job's files, its dashboard), which offers nothing to wait on."""
+    pause, deadline = threading.Event(), time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        pause.wait(0.5)
+    raise AssertionError(f"no {what} within {timeout_s:g} s")

@@ -16,14 +16,13 @@ import os
 import signal
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from orchestrator.driver.hosts import refresh
 from provisioners.local import netns, vms
+from tests.integration.jobs import until
 
 REASON = vms.unsupported_reason()
 pytestmark = [
@@ -46,6 +45,7 @@ checkpointing: {{every_steps: 10, path: CHECKPOINTS, keep_last: 2}}
 runtime: {{allreduce: hierarchical, link_emulation: false}}
 """
 ROOT = Path(__file__).resolve().parents[2]
+WAIT_S = 240.0  # for each stage of the job, on a loaded machine
 # where each provider's job runs, and how its instances are named
 WHERE = {"aws": ("aws/us-east-1", "i-"), "azure": ("azure/eastus", JOB)}
 
@@ -61,17 +61,6 @@ def _cli(env, *args, cwd=ROOT, check=True):
     )
     assert not check or done.returncode == 0, done.stderr
     return done
-
-
-def _until(what, predicate, timeout_s: float = 240.0):
-    """``predicate()``'s first truthy value, looked at every half second."""
-    pause, deadline = threading.Event(), time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        pause.wait(0.5)
-    raise AssertionError(f"no {what} within {timeout_s:g} s")
 
 
 @pytest.mark.parametrize(
@@ -124,33 +113,43 @@ def test_the_job_outlives_its_controller_and_its_submitter(tmp_path, monkeypatch
     )
     try:
         # a spot reclaim: the node's watcher hears it from its metadata, the job moves off
-        _until("recovery", lambda: any(e["event"] == "recovered" for e in events()))
+        until(
+            "recovery", lambda: any(e["event"] == "recovered" for e in events()), timeout_s=WAIT_S
+        )
         chaos = next(e for e in events() if e["event"] == "chaos")
         notice = next(e for e in events() if e["event"] == "preemption_notice")
         assert notice["reason"].startswith(f"node {chaos['details']['node']} ")
         assert chaos["details"]["node"].startswith(instance_prefix)  # an instance of the cloud
 
         # the controller VM shuts down: the driver checkpoints the step it committed last
-        _until("step 25", lambda: state().get("step", 0) >= 25)
+        until("step 25", lambda: state().get("step", 0) >= 25, timeout_s=WAIT_S)
         _cli(env, "emulate", "kill-controller", provider, "--job", JOB)
         # (read from the events: the submitter may have relaunched the controller already)
-        stop = _until("the stop", lambda: [e for e in events() if e["event"] == "stopped"])[-1]
+        stops = until(
+            "the stop", lambda: [e for e in events() if e["event"] == "stopped"], timeout_s=WAIT_S
+        )
+        stop = stops[-1]
         assert "its controller VM shuts down" in stop["reason"]
         before = [e for e in events() if e["time_s"] <= stop["time_s"]]
         committed = [e["details"]["step"] for e in before if e["event"] == "checkpointed"][-1]
         assert stop["details"]["step"] == committed  # the step it stopped at is checkpointed
         # the submitter boots a new controller VM, which resumes there: no committed step lost
         resumed = f"from step {committed} "
-        _until(
+        until(
             "the resumed start",
             lambda: any(e["event"] == "started" and resumed in e["reason"] for e in events()),
+            timeout_s=WAIT_S,
         )
 
         # the submitter is killed: the job goes on
         submit.send_signal(signal.SIGKILL)
         submit.wait()
         killed_at = state()["step"]
-        _until("steps after the kill", lambda: state().get("step", 0) >= killed_at + 5)
+        until(
+            "steps after the kill",
+            lambda: state().get("step", 0) >= killed_at + 5,
+            timeout_s=WAIT_S,
+        )
         shown = json.loads(_cli(env, "status", JOB, "--json", cwd=other).stdout)["jobs"][0]
         assert shown["phase"] == "train" and int(shown["step"].split("/")[0]) > committed
         # a machine that never submitted it finds it in the cloud's job buckets
@@ -170,7 +169,7 @@ def test_the_job_outlives_its_controller_and_its_submitter(tmp_path, monkeypatch
             )
 
         _cli(env, "stop", JOB, cwd=other)
-        _until("stopped", lambda: state().get("phase") == "stopped")
+        until("stopped", lambda: state().get("phase") == "stopped", timeout_s=WAIT_S)
 
         def left_running() -> list:
             fleet = json.loads(_cli(env, "status", "--all", "--json", cwd=other).stdout)
@@ -178,7 +177,7 @@ def test_the_job_outlives_its_controller_and_its_submitter(tmp_path, monkeypatch
             return [v for v in fleet["vms"] if v["state"] in ("pending", "running")]
 
         # the controller powers its VM off once it has pushed its last state
-        _until("no VM left", lambda: left_running() == [], timeout_s=60.0)
+        until("no VM left", lambda: left_running() == [], timeout_s=60.0)
     except AssertionError:
         _show_logs(tmp_path / "submit.err", home / "emulated" / provider / "daemon.log")
         raise

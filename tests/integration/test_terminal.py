@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from provisioners.local import reaper
+from tests.integration.jobs import until
 from tests.integration.test_orphans import RECIPE, _ray_session, _wait_gone
 
 REPO = Path(__file__).resolve().parents[2]
@@ -150,12 +151,16 @@ def test_a_detached_job_outlives_its_terminal_and_is_followed_from_another_folde
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
 
-    endpoints = _until(lambda: _read_json(folder / "endpoints.json"), timeout_s=120)
-    actors = _until(lambda: _job_actors(endpoints["dashboard"], name), timeout_s=120)
+    endpoints = until(
+        "endpoints.json", lambda: _read_json(folder / "endpoints.json"), timeout_s=120
+    )
+    actors = until(
+        "actors of the job", lambda: _job_actors(endpoints["dashboard"], name), timeout_s=120
+    )
     assert f"driver-{name}" in actors and any(":stage0-dp0@local/" in a for a in actors), actors
     listed = _orchestrator(["status", name, "--json"], cwd=elsewhere)  # a shell anywhere
     assert json.loads(listed.stdout)["jobs"][0]["phase"] not in ("done", "failed")
-    metrics = _until(lambda: _metric(endpoints["metrics"], name), timeout_s=120)
+    metrics = until("metric of the job", lambda: _metric(endpoints["metrics"], name), timeout_s=120)
     assert 'job="detached"' in metrics
 
     followed = _orchestrator(["logs", "-f", name], cwd=elsewhere, timeout_s=300)
@@ -163,7 +168,9 @@ def test_a_detached_job_outlives_its_terminal_and_is_followed_from_another_folde
     assert "finished" in followed.stdout and f"job {name}: done" in followed.stdout
     status = json.loads(_orchestrator(["status", name, "--json"], cwd=elsewhere).stdout)
     assert status["jobs"][0]["phase"] == "done" and status["jobs"][0]["step"] == "1000/1000"
-    _until(lambda: not os.path.exists(f"/proc/{holder}"), timeout_s=30)  # its process ended
+    until(
+        "end of its process", lambda: not os.path.exists(f"/proc/{holder}"), timeout_s=30
+    )  # its process ended
     log = (folder / "output.log").read_text()
     assert "job detached: done after 1000 steps" in log and "\033[" not in log
 
@@ -177,15 +184,6 @@ def _orchestrator(args: list[str], *, cwd: Path, timeout_s: float = 60.0):
         timeout=timeout_s,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
-
-
-def _until(find, *, timeout_s: float):
-    """``find()``'s first true answer, polled (what it reads is another process's)."""
-    deadline = time.monotonic() + timeout_s
-    while not (found := find()):
-        assert time.monotonic() < deadline, f"nothing found in {timeout_s} s"
-        time.sleep(0.5)
-    return found
 
 
 def _read_json(path: Path) -> dict | None:
