@@ -44,6 +44,7 @@ class ConfigBounds:
         self._gpu_seconds: dict = {}
         self._share: dict = {}
         self._mins: dict = {}
+        self._families: dict = {}
 
     def bytes_per_param(self) -> int:
         """Weights, gradients, optimizer state and fp32 master weights (mixed precision)."""
@@ -238,6 +239,15 @@ class ConfigBounds:
         bounds of ``slowest_stage``, each stage holding what one on the last stage would (the
         fewest activations in flight), stages given to the pairs that hold the most; None if no
         such config fits in memory."""
+        # many data-parallel degrees leave the same counts (the large ones: one stage per pair)
+        key = (mbs, stages, frozenset(most_stages.items()))
+        if key not in self._families:
+            self._families[key] = self._family_slowest(mbs, stages, most_stages)
+        return self._families[key]
+
+    def _family_slowest(
+        self, mbs: int, stages: int, most_stages: dict[tuple[str, int], int]
+    ) -> tuple[float, float] | None:
         fastest = self.fastest(mbs, frozenset(most_stages))
         if fastest is None:
             return None

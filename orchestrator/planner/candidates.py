@@ -461,11 +461,14 @@ def dp_degrees(
     need: Mapping[str, int] | None = None,
     *,
     most_affordable: int | None = None,
+    every_least: bool = False,
 ) -> list[int]:
     """Data-parallel degrees that fit the GPUs there are, for pipelines that each need
     ``need[gpu]`` GPUs of each type (None: one GPU of any type), and at most
     ``most_affordable`` pipelines where given (a $/h budget over one pipeline's GPUs: more
     cannot be paid for, so the degrees above the largest divisor are counted from there).
+    ``every_least``: every least degree that fits, between divisors too (``between_divisors``:
+    the cheapest plan over a floor may need 3 pipelines where 2 are too slow and 4 cost more).
 
     Every divisor of the batch's M microbatches, and above the largest divisor that fits, the
     degrees that do not divide M up to the most that fit: their pipelines run unequal shares
@@ -474,8 +477,7 @@ def dp_degrees(
     is kept, ``ceil(M / m)`` pipelines for m microbatches at most: a degree that adds pipelines
     without lowering the fullest one's count is no faster (the iteration waits for that pipeline,
     and any placement of its pipelines holds the fewer ones), syncs over more replicas and costs
-    more. Left out: degrees between two divisors that both fit and are paid for
-    (docs/planner.md)."""
+    more. Degrees between two divisors that both fit only with ``every_least`` (docs/planner.md)."""
     per = space.global_batch_size // mbs
     if need:
         most = min(space.capacity(g) // n for g, n in need.items())
@@ -489,9 +491,27 @@ def dp_degrees(
         most = min(most, most_affordable)
     fitting = [d for d in divisors(per) if d <= most]
     above = fitting[-1] if fitting else 0
-    fitting += [d for d in least_degrees(per) if above < d <= most][-1:]
+    between = [d for d in least_degrees(per) if d <= most and d not in fitting]
+    fitting = (
+        sorted(fitting + between)
+        if every_least
+        else fitting + [d for d in between if d > above][-1:]
+    )
     allowed = set(space.data_parallel) if space.data_parallel else None
     return [d for d in fitting if allowed is None or d in allowed]
+
+
+def between_divisors(objective) -> bool:
+    """Whether a data-parallel degree between two divisors that both fit can be the best plan:
+    where the run's cost is capped or minimised under a floor. Such a degree's pipelines run
+    unequal shares, so it costs more per sample than the divisor below it and runs slower than
+    the one above; it wins only when the divisor below misses a throughput floor (or deadline)
+    that it meets for less than the one above costs, or when the one above busts a total budget
+    it stays under. Elsewhere the divisor above (max throughput) or the one below (min cost) is
+    at least as good, and the degrees are left out (``dp_degrees``)."""
+    if objective.goal == "min_cost":
+        return objective.min_samples_per_s is not None
+    return objective.budget_usd is not None
 
 
 @functools.lru_cache(maxsize=256)

@@ -3,7 +3,9 @@
 It enumerates what the planner's space allows without any pruning or heuristic: every microbatch
 size, stage count, layer split, GPU type and TP degree per stage, data-parallel degree, placement of
 each stage's replicas over places, sync algorithm and compression, spot or on-demand. Tests compare
-the planner's best plan with its best for every objective.
+the planner's best plan with its best for every objective. Its data-parallel degrees are every
+least degree that fits, between two divisors too, for every objective: the planner leaves those out
+where they cannot be best (``between_divisors``), and the comparison checks that too.
 """
 
 from __future__ import annotations
@@ -30,7 +32,9 @@ def enumerate_all(evaluator: Evaluator, space: SearchSpace) -> Iterator[Evaluate
                     shape = Shape(mbs, gpus, tps, split)
                     if evaluator.stage_times(shape) is None:
                         continue
-                    for dp in dp_degrees(space, shape.mbs, shape.gpus_per_pipeline()):
+                    for dp in dp_degrees(
+                        space, shape.mbs, shape.gpus_per_pipeline(), every_least=True
+                    ):
                         yield from _variants(evaluator, space, shape, dp)
 
 

@@ -39,6 +39,7 @@ from orchestrator.planner.candidates import (
     Evaluated,
     Evaluator,
     Shape,
+    between_divisors,
     block_sizes,
     dp_degrees,
     expand_blocks,
@@ -94,6 +95,9 @@ class _Search:
     def __init__(self, evaluator: Evaluator, space: SearchSpace, options: SearchOptions) -> None:
         self.e, self.space, self.options = evaluator, space, options
         self.objective = evaluator.objective
+        # a cap on the run's cost (a floor under min cost, a total budget) may need a degree
+        # between two divisors
+        self._every_least = between_divisors(self.objective)
         self.best_value = float("-inf")  # the best feasible plan's value so far
         self.kth_value = float("-inf")  # the k-th best (shape, D)'s, once there are k
         self.kept: dict[tuple, Evaluated] = {}  # (config, D) -> its best feasible plan
@@ -194,11 +198,15 @@ class _Search:
         hourly = sum(prices) + (stages - len(blocks)) * min(prices)
         ends = self.bounds.forced_blocks(mbs, blocks, stages)
         best, why = float("-inf"), "gpus"
+        # degrees that leave each pair as many stages share one bound (the large ones, mostly)
+        by_counts: dict[tuple[int, ...], list[int]] = {}
         for dp in self._degrees(mbs, ()):
-            most = {(g, t): self._gpus_of[g] // (dp * t) for g, t in blocks}
-            if min(most.values()) < 1 or sum(most.values()) < stages:
+            counts = tuple(self._gpus_of[g] // (dp * t) for g, t in blocks)
+            by_counts.setdefault(counts, []).append(dp)
+        for counts, degrees in by_counts.items():
+            if min(counts) < 1 or sum(counts) < stages:
                 continue
-            bound = self.bounds.family_slowest(mbs, stages, most)
+            bound = self.bounds.family_slowest(mbs, stages, dict(zip(blocks, counts, strict=True)))
             if bound is None:
                 why = "memory"
                 continue
@@ -207,7 +215,7 @@ class _Search:
             found = self._best_degree(
                 mbs,
                 stages,
-                [dp],
+                degrees,
                 hourly,
                 *bound,
                 pairs=frozenset(blocks),
@@ -377,7 +385,13 @@ class _Search:
         at most ``affordable`` of them where given."""
         key = (mbs, need, affordable)
         if key not in self._dp:
-            self._dp[key] = dp_degrees(self.space, mbs, dict(need), most_affordable=affordable)
+            self._dp[key] = dp_degrees(
+                self.space,
+                mbs,
+                dict(need),
+                most_affordable=affordable,
+                every_least=self._every_least,
+            )
         return self._dp[key]
 
     def _affordable(self, hourly: float | None) -> int | None:

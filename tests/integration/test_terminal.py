@@ -39,6 +39,9 @@ class Terminal:
         self.pid, self.fd = pty.fork()
         if self.pid == 0:  # the child: becomes the command (pty.fork made the terminal its own)
             os.chdir(cwd)
+            # as a person's shell starts it: Ctrl-C interrupts (pytest started in the background
+            # of a script, as `cmd &` does, would hand down an ignored SIGINT)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execv(argv[0], argv)
         self.text = ""
 

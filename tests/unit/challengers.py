@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from orchestrator.catalog import OFFER_COLUMNS, default_catalog
 from orchestrator.plan import Plan, Replica, check_plan
 from orchestrator.planner import Evaluated, PlanningContext, prepare
-from orchestrator.planner.candidates import dp_degrees
+from orchestrator.planner.candidates import between_divisors, dp_degrees
 from orchestrator.planner.candidates import shares as even_shares
 from orchestrator.recipe import parse_recipe
 from orchestrator.simulator import check_plan_runs
@@ -395,8 +395,13 @@ def outside_space(plan: Plan, context: PlanningContext) -> tuple[str, ...]:
     need: Counter = Counter()
     for stage in plan.stages:
         need[stage.replicas[0].gpu] += stage.replicas[0].tp
+    objective = context.evaluator.objective
     listed = dp_degrees(
-        space, plan.microbatch_size, need, most_affordable=_affordable(plan, context)
+        space,
+        plan.microbatch_size,
+        need,
+        most_affordable=_affordable(plan, context),
+        every_least=between_divisors(objective),
     )
     if dp not in listed:
         out.append("degree")
