@@ -173,6 +173,7 @@ def run_job(recipe_path: Path, catalog: Catalog, options: RunOptions) -> RunResu
 
         if options.on_folder is not None:
             options.on_folder(folder)
+        _confirm_hosted(recipe, recipe_path, folder, options, catalog)
         return run_with_controller(recipe, recipe_path, folder, options)
     with JobLock.acquire(folder, job=folder.name):  # one running driver per job
         return _run_locked(recipe, recipe_path, folder, options, catalog)
@@ -291,6 +292,40 @@ def profiled(recipe: Recipe, recipe_path: Path, folder: Path) -> Recipe:
     local_gpu = recipe.provider == "local" and host_gpus(recipe.local_cloud.devices) > 0
     device = "cuda" if local_gpu else "cpu"
     return measured_here(recipe, folder, recipe_path.parent, device=device)
+
+
+HOSTED_NOTE = (
+    "at the catalog's published prices; the controller plans again on the live market before it "
+    "rents"
+)
+
+
+def _confirm_hosted(
+    recipe: Recipe, recipe_path: Path, folder: Path, options: RunOptions, catalog: Catalog
+) -> None:
+    """A job whose controller runs in a VM of the provider: its plan and price before that VM
+    boots (NotConfirmed: nothing started). The planner's best on the catalog's market of the
+    provider (its published prices; the controller's own plan, on the live market, may differ
+    and the note says so). A job that runs there already is followed, not asked about again."""
+    from orchestrator.driver.market_plans import MarketPlans
+    from orchestrator.driver.state import FINAL_PHASES
+
+    if options.confirm is None:
+        return
+    store = StateStore(folder)
+    if store.exists() and not options.from_scratch:
+        try:
+            phase = store.load().state.phase
+        except UserError:
+            phase = None  # prepare says what is wrong with it
+        if phase is not None and phase not in FINAL_PHASES:
+            return  # running (or launching) in its controller VM: submit follows it
+    market = catalog.market(recipe.provider, recipe.market_file())
+    choice = MarketPlans(recipe, catalog, None).choose_on(market)
+    choice = dataclasses.replace(choice, note="; ".join(filter(None, (choice.note, HOSTED_NOTE))))
+    steps_left = recipe.training.steps - _resumed_step(folder, options.from_scratch)
+    if not options.confirm(choice, steps_left):
+        raise NotConfirmed(choice, folder)
 
 
 def _resumed_step(folder: Path, from_scratch: bool) -> int:

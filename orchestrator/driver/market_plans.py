@@ -35,7 +35,7 @@ class MarketPlans:
         self,
         recipe: Recipe,
         catalog: Catalog,
-        provisioner: Provisioner,
+        provisioner: Provisioner | None,
         *,
         progress: Callable[[], tuple[int, float]] | None = None,
         given: Plan | None = None,
@@ -44,7 +44,7 @@ class MarketPlans:
         throughput floor is what the rest of the job needs in the time left. ``given``: the
         plan to run (``submit --plan``, or the one shown before renting) for as long as the
         market can hold it; once it cannot (a place lost or refused, no room), the planner
-        chooses."""
+        chooses. ``provisioner``: None where only ``choose_on`` is asked (a market given)."""
         self.recipe, self.catalog, self.provisioner = recipe, catalog, provisioner
         self.progress = progress
         self.given = given
@@ -60,8 +60,12 @@ class MarketPlans:
     def choose(
         self, *, excluded: frozenset[str], held: dict[str, int], held_only: bool = False
     ) -> Choice:
+        """The best plan on the provider's market now, without the ``excluded`` places; the
+        ``held`` nodes (per place) count as free (``held_only``: they are all there is)."""
+        return self.choose_on(self.market(held, held_only=held_only), excluded=excluded)
 
-        market = self.market(held, held_only=held_only)
+    def choose_on(self, market: OfferTable, *, excluded: frozenset[str] = frozenset()) -> Choice:
+        """The best plan on ``market`` (the given plan while it fits there)."""
         constraints = self.recipe.constraints
         recipe = replace(
             self._with_deadline_left(),

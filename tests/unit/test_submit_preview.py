@@ -41,6 +41,33 @@ def test_dry_run_shows_the_plan_and_its_price_and_rents_nothing(recipe_path, tmp
     assert not StateStore(jobs / "quickstart").exists()  # no job: nothing to resume or list
 
 
+def test_a_cloud_jobs_plan_and_price_come_before_its_controller_vm(tmp_path, monkeypatch, capsys):
+    """On a cloud the plan is the catalog's, at its published prices, and says so; a dry run
+    boots no controller VM and makes no cloud call past the credentials' chain."""
+    from orchestrator.driver import remote
+
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"}.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(
+        remote, "run_with_controller", lambda *a: pytest.fail("a controller VM was launched")
+    )
+    recipe = tmp_path / "cloud.yaml"
+    recipe.write_text(
+        "name: cloud\nprovider: aws\nmodel: {name: gpt-tiny, profile: analytic}\n"
+        "training: {global_batch_size: 16, microbatch_sizes: [2], steps: 300}\n"
+        "objective: {goal: min_cost}\n"
+        "constraints: {locations: [aws/us-east-1], gpu_types: [T4], max_gpus: 4}\n"
+    )
+    jobs = tmp_path / "jobs"
+    code = main(["submit", str(recipe), "--dry-run", "--jobs-dir", str(jobs)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert out.startswith("plan: PP") and "aws/us-east-1" in out and "/h for the GPUs" in out
+    assert "300 steps: about" in out and "published prices" in out
+    assert "dry run: nothing rented" in out
+    assert not StateStore(jobs / "cloud").exists()
+
+
 def test_the_driver_keeps_a_given_plan_while_the_market_holds_it(recipe_path):
     catalog = default_catalog()
     recipe = load_recipe(recipe_path, catalog=catalog)
