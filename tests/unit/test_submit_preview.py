@@ -31,14 +31,20 @@ def recipe_path(tmp_path) -> Path:
     return path
 
 
-def test_dry_run_shows_the_plan_and_its_price_and_rents_nothing(recipe_path, tmp_path, capsys):
-    jobs = tmp_path / "jobs"
-    code = main(["submit", str(recipe_path), "--dry-run", "--jobs-dir", str(jobs)])
+def _dry_run(recipe: Path, jobs: Path, capsys, *, steps: int) -> str:
+    """What ``submit --dry-run`` prints; it must show a plan and its price and leave no job
+    behind (nothing to resume or list)."""
+    code = main(["submit", str(recipe), "--dry-run", "--jobs-dir", str(jobs)])
     out = capsys.readouterr().out
     assert code == 0, out
     assert out.startswith("plan: PP") and "samples/s" in out and "/h for the GPUs" in out
-    assert "200 steps: about" in out and "dry run: nothing rented" in out
-    assert not StateStore(jobs / "quickstart").exists()  # no job: nothing to resume or list
+    assert f"{steps} steps: about" in out and "dry run: nothing rented" in out
+    assert not any(StateStore(folder).exists() for folder in jobs.glob("*"))
+    return out
+
+
+def test_dry_run_shows_the_plan_and_its_price_and_rents_nothing(recipe_path, tmp_path, capsys):
+    _dry_run(recipe_path, tmp_path / "jobs", capsys, steps=200)
 
 
 def test_a_cloud_jobs_plan_and_price_come_before_its_controller_vm(tmp_path, monkeypatch, capsys):
@@ -58,14 +64,8 @@ def test_a_cloud_jobs_plan_and_price_come_before_its_controller_vm(tmp_path, mon
         "objective: {goal: min_cost}\n"
         "constraints: {locations: [aws/us-east-1], gpu_types: [T4], max_gpus: 4}\n"
     )
-    jobs = tmp_path / "jobs"
-    code = main(["submit", str(recipe), "--dry-run", "--jobs-dir", str(jobs)])
-    out = capsys.readouterr().out
-    assert code == 0, out
-    assert out.startswith("plan: PP") and "aws/us-east-1" in out and "/h for the GPUs" in out
-    assert "300 steps: about" in out and "published prices" in out
-    assert "dry run: nothing rented" in out
-    assert not StateStore(jobs / "cloud").exists()
+    out = _dry_run(recipe, tmp_path / "jobs", capsys, steps=300)
+    assert "aws/us-east-1" in out and "published prices" in out
 
 
 def test_the_driver_keeps_a_given_plan_while_the_market_holds_it(recipe_path):
