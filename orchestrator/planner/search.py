@@ -59,6 +59,8 @@ class SearchOptions:
     exact_splits_limit: int = 64
     exact_types_limit: int = 64
     exact_placements_limit: int = 2000
+    # (shape, D) with D between two divisors simulated in one search (where between_divisors)
+    exact_degrees_limit: int = 100
     progress: Callable[[str], None] | None = None
     progress_every_s: float = 1.0
 
@@ -79,7 +81,7 @@ class SearchResult:
     points: list[tuple[float, float, bool]] = field(default_factory=list)  # (samples/s, $/1M
     # samples, feasible) of every simulated plan: the cost/throughput frontier
     # where a limit made the search heuristic: which choices were not all tried ("splits",
-    # "placements", "type orders", "optimality gap": stopped within SearchOptions'
+    # "placements", "degrees", "type orders", "optimality gap": stopped within SearchOptions'
     # optimality_gap); empty: the best plan is proven the best of the space
     heuristics: tuple[str, ...] = ()
     # the most the bounds allow a plan the heuristics skipped to beat the best by (relative);
@@ -98,6 +100,9 @@ class _Search:
         # a cap on the run's cost (a floor under min cost, a total budget) may need a degree
         # between two divisors
         self._every_least = between_divisors(self.objective)
+        self._between_left = options.exact_degrees_limit  # (shape, D) between divisors to try
+        self._allreduce: dict[tuple, float] = {}
+        self._feasible: dict[Shape, list[int]] = {}  # per shape, the Ds with a plan within limits
         self.best_value = float("-inf")  # the best feasible plan's value so far
         self.kth_value = float("-inf")  # the k-th best (shape, D)'s, once there are k
         self.kept: dict[tuple, Evaluated] = {}  # (config, D) -> its best feasible plan
@@ -273,8 +278,6 @@ class _Search:
             return None
 
         fleet = self.bounds.fleet_seconds(mbs, pairs, self._gpus_of, batch)
-        # some stage holds at least 1/P of the gradients; its all-reduce ends the iteration at best
-        share = self._model_gradient_bytes / stages
         # the last microbatch's m-th forward on the slowest stage, then its trip down and back
         forward = self.bounds.forward_share(mbs, pairs)
 
@@ -293,7 +296,7 @@ class _Search:
             )
             return max(
                 pipeline + self._first_stage_tail(mbs, first, dp, stages),
-                self.e.allreduce_lower_bound(share, dp, pairs),
+                self._allreduce_bound(stages, dp, pairs),
             )
 
         if count:
@@ -308,6 +311,17 @@ class _Search:
         if not values:
             return None
         return max(values)[0], values
+
+    def _allreduce_bound(self, stages: int, dp: int, pairs: frozenset) -> float:
+        """The least all-reduce of a stage holding 1/P of the gradients (some stage holds at
+        least that; its all-reduce ends the iteration at best) over ``dp`` replicas of
+        one of ``pairs`` (cached: every config of P stages on these pairs asks it per degree)."""
+        key = (stages, dp, pairs)
+        bound = self._allreduce.get(key)
+        if bound is None:
+            share = self._model_gradient_bytes / stages
+            bound = self._allreduce[key] = self.e.allreduce_lower_bound(share, dp, pairs)
+        return bound
 
     def _first_stage_tail(self, mbs: int, first: tuple[str, int], dp: int, stages: int) -> float:
         """The least time from the first stage's last backward to the end of its step: the
@@ -408,6 +422,13 @@ class _Search:
     ) -> None:
         # only the degrees whose bound can still enter the top k are worth a split
         degrees = [d for v, d in values if v > self.kth_value]
+        if self._every_least and self._between_left <= 0:  # no more of those simulated
+            per = self.space.global_batch_size // mbs
+            top = max((d for d in degrees if per % d == 0), default=0)
+            kept = [d for d in degrees if per % d == 0 or d > top]
+            if len(kept) < len(degrees):
+                self._skipped("degrees")
+                degrees = kept
         stages, layers = len(gpus), self.space.num_layers
         if count_splits(layers, stages) <= self.options.exact_splits_limit:
             splits = all_splits(layers, stages)
@@ -442,8 +463,11 @@ class _Search:
 
     # ---- level 3: (shape, D) ------------------------------------------------------------
     def _expand_shape(self, shape: Shape, bounds: list[tuple[float, int]]) -> None:
+        # degrees between two divisors that both fit (``between_divisors``) are counted apart
+        per = self.space.global_batch_size // shape.mbs
+        top = max((d for _, d in bounds if per % d == 0), default=0)
         for value, dp in bounds:
-            self._push(value, "dp", (shape, dp))
+            self._push(value, "dp", (shape, dp, bool(per % dp) and dp < top))
 
     def _balanced(self, mbs: int, gpus, tps, m: int):
         """The min-max split, with each stage's memory (static bytes and activations in flight)."""
@@ -456,8 +480,20 @@ class _Search:
             caps.append(room)
         return balanced_split(time_prefix, memory_prefix, caps, self.space.num_layers)
 
-    def _evaluate(self, shape: Shape, dp: int) -> None:
-        """Simulate every placement, sync algorithm, compression and pricing of (shape, D)."""
+    def _evaluate(self, shape: Shape, dp: int, between: bool = False) -> None:
+        """Simulate every placement, sync algorithm, compression and pricing of (shape, D).
+        ``between``: D lies between two divisors that fit; at most ``exact_degrees_limit`` of
+        those are simulated in a search (on a market of many places each takes thousands of
+        placements), the best bounds first; the bound covers the rest."""
+        if between:
+            if self._dominated(shape, dp):
+                self.result.skipped["dominated degree"] += 1
+                return
+            if self._between_left <= 0:
+                self._skipped("degrees")
+                return
+            self._between_left -= 1
+        feasible = False
         for spot in self.space.spot_options:
             limit = self.options.exact_placements_limit
             if not exact(self.space, shape.gpus, shape.tps, dp, spot, limit):
@@ -477,8 +513,29 @@ class _Search:
                     )
                     for compression in compressions:
                         plan = self.e.build(shape, columns, allreduce, compression, spot)
-                        self._record((shape.mbs, shape.gpus, shape.tps, dp), self.e.evaluate(plan))
+                        evaluated = self.e.evaluate(plan)
+                        self._record((shape.mbs, shape.gpus, shape.tps, dp), evaluated)
+                        feasible = feasible or evaluated.score.feasible
+        if feasible:
+            self._feasible.setdefault(shape, []).append(dp)
         self._report()
+
+    def _dominated(self, shape: Shape, dp: int) -> bool:
+        """A degree between two divisors (tried where ``between_divisors``) whose shape already
+        met the limits at a smaller degree that leaves no more idle microbatch slots
+        (``D * ceil(M / D) - M``: 0 at a divisor): the smaller one's plans cost no more per
+        sample (its fullest pipeline runs no more of the batch's slots, its all-reduce spans fewer
+        replicas, and any placement of the D pipelines holds one of its fewer), so the degree can
+        only be worth it where every such smaller degree misses the floor. For the cheapest
+        plan only: under a total budget the larger degree is the faster one. The exhaustive
+        tests check this on their markets."""
+        if not self._every_least or self.objective.goal != "min_cost":
+            return False
+        per = self.space.global_batch_size // shape.mbs
+        idle = dp * -(-per // dp) - per
+        if idle == 0:
+            return False
+        return any(d < dp and d * -(-per // d) - per <= idle for d in self._feasible.get(shape, ()))
 
     def _skipped(self, what: str) -> None:
         """A heuristic left some of the current item's choices untried; its bound covers them."""
