@@ -32,14 +32,12 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from orchestrator.errors import UserError
 from orchestrator.planner.bounds import ConfigBounds
 from orchestrator.planner.candidates import (
     Blocks,
     Evaluated,
     Evaluator,
     Shape,
-    between_divisors,
     block_sizes,
     dp_degrees,
     expand_blocks,
@@ -47,9 +45,11 @@ from orchestrator.planner.candidates import (
     type_blocks,
     type_pairs,
 )
+from orchestrator.planner.degrees import BetweenDegrees, between
 from orchestrator.planner.placement import exact, placements
 from orchestrator.planner.space import SearchSpace
 from orchestrator.planner.splits import all_splits, balanced_split, count_splits, neighbours
+from orchestrator.planner.sync_bounds import SyncBounds
 
 
 @dataclass(frozen=True)
@@ -99,10 +99,7 @@ class _Search:
         self.objective = evaluator.objective
         # a cap on the run's cost (a floor under min cost, a total budget) may need a degree
         # between two divisors
-        self._every_least = between_divisors(self.objective)
-        self._between_left = options.exact_degrees_limit  # (shape, D) between divisors to try
-        self._allreduce: dict[tuple, float] = {}
-        self._feasible: dict[Shape, list[int]] = {}  # per shape, the Ds with a plan within limits
+        self._between = BetweenDegrees(self.objective, limit=options.exact_degrees_limit)
         self.best_value = float("-inf")  # the best feasible plan's value so far
         self.kth_value = float("-inf")  # the k-th best (shape, D)'s, once there are k
         self.kept: dict[tuple, Evaluated] = {}  # (config, D) -> its best feasible plan
@@ -117,12 +114,9 @@ class _Search:
         self._heuristics: set[str] = set()
         self._loose = float("-inf")  # the best bound over choices a heuristic skipped
         self._bound = float("-inf")  # the bound of the item being expanded
-        self._tails: dict = {}
         self._gpus_of = {g: space.capacity(g) for g in space.gpu_types}
-        profile = evaluator.profile
-        self._model_gradient_bytes = (
-            profile.stage_gradient_elements(0, profile.num_layers, min(space.tp_degrees))
-            * profile.element_bytes
+        self.sync = SyncBounds(
+            evaluator, num_layers=space.num_layers, least_tp=min(space.tp_degrees)
         )
 
     # ---- bounds -------------------------------------------------------------------------
@@ -295,8 +289,8 @@ class _Search:
                 fleet,
             )
             return max(
-                pipeline + self._first_stage_tail(mbs, first, dp, stages),
-                self._allreduce_bound(stages, dp, pairs),
+                pipeline + self.sync.first_stage_tail(mbs, first, dp, stages),
+                self.sync.allreduce(stages, dp, pairs),
             )
 
         if count:
@@ -311,49 +305,6 @@ class _Search:
         if not values:
             return None
         return max(values)[0], values
-
-    def _allreduce_bound(self, stages: int, dp: int, pairs: frozenset) -> float:
-        """The least all-reduce of a stage holding 1/P of the gradients (some stage holds at
-        least that; its all-reduce ends the iteration at best) over ``dp`` replicas of
-        one of ``pairs`` (cached: every config of P stages on these pairs asks it per degree)."""
-        key = (stages, dp, pairs)
-        bound = self._allreduce.get(key)
-        if bound is None:
-            share = self._model_gradient_bytes / stages
-            bound = self._allreduce[key] = self.e.allreduce_lower_bound(share, dp, pairs)
-        return bound
-
-    def _first_stage_tail(self, mbs: int, first: tuple[str, int], dp: int, stages: int) -> float:
-        """The least time from the first stage's last backward to the end of its step: the
-        all-reduce its last backward cannot hide, then its optimizer step, over every number of
-        layers it may hold (at least layer 0, at most all but one per other stage)."""
-        key = (mbs, first, dp)
-        tails = self._tails.get(key)
-        if tails is None:
-            tails = self._tails[key] = self._tails_by_end(mbs, first, dp)
-        # tails[k]: the least over holding 1..k layers; one stage holds all of them
-        layers = self.space.num_layers
-        if stages == 1:
-            return tails[0]
-        return tails[layers - stages + 1]
-
-    def _tails_by_end(self, mbs: int, first: tuple[str, int], dp: int) -> list[float]:
-        """[the tail holding every layer, then for k = 1..L the least tail holding 1..k]."""
-        gpu, tp = first
-        profile, layers = self.e.profile, self.space.num_layers
-        exact, least = [], float("inf")
-        for end in range(1, layers + 1):
-            try:
-                _, backward, update = profile.stage_times(gpu, mbs, tp, 0, end)
-            except UserError:  # no times at this TP degree: no bound from this stage
-                return [0.0] * (layers + 1)
-            message = profile.stage_gradient_elements(0, end, tp) * profile.element_bytes
-            exact.append(self.e.exposed_sync(message, dp, gpu, tp, backward) + update)
-        out = [exact[-1]]
-        for value in exact:
-            least = min(least, value)
-            out.append(least)
-        return out
 
     def _over_budget(self, usd_per_hour: float) -> None:
         r = self.result
@@ -404,7 +355,7 @@ class _Search:
                 mbs,
                 dict(need),
                 most_affordable=affordable,
-                every_least=self._every_least,
+                every_least=self._between.tried,
             )
         return self._dp[key]
 
@@ -422,13 +373,11 @@ class _Search:
     ) -> None:
         # only the degrees whose bound can still enter the top k are worth a split
         degrees = [d for v, d in values if v > self.kth_value]
-        if self._every_least and self._between_left <= 0:  # no more of those simulated
-            per = self.space.global_batch_size // mbs
-            top = max((d for d in degrees if per % d == 0), default=0)
-            kept = [d for d in degrees if per % d == 0 or d > top]
-            if len(kept) < len(degrees):
+        if self._between.tried and self._between.left <= 0:  # no more of those simulated
+            left_out = between(self.space.global_batch_size // mbs, degrees)
+            if left_out:
                 self._skipped("degrees")
-                degrees = kept
+                degrees = [d for d in degrees if d not in left_out]
         stages, layers = len(gpus), self.space.num_layers
         if count_splits(layers, stages) <= self.options.exact_splits_limit:
             splits = all_splits(layers, stages)
@@ -463,11 +412,10 @@ class _Search:
 
     # ---- level 3: (shape, D) ------------------------------------------------------------
     def _expand_shape(self, shape: Shape, bounds: list[tuple[float, int]]) -> None:
-        # degrees between two divisors that both fit (``between_divisors``) are counted apart
-        per = self.space.global_batch_size // shape.mbs
-        top = max((d for _, d in bounds if per % d == 0), default=0)
+        # degrees between two divisors that both fit (degrees.py) are counted apart
+        apart = between(self.space.global_batch_size // shape.mbs, (d for _, d in bounds))
         for value, dp in bounds:
-            self._push(value, "dp", (shape, dp, bool(per % dp) and dp < top))
+            self._push(value, "dp", (shape, dp, dp in apart))
 
     def _balanced(self, mbs: int, gpus, tps, m: int):
         """The min-max split, with each stage's memory (static bytes and activations in flight)."""
@@ -480,19 +428,17 @@ class _Search:
             caps.append(room)
         return balanced_split(time_prefix, memory_prefix, caps, self.space.num_layers)
 
-    def _evaluate(self, shape: Shape, dp: int, between: bool = False) -> None:
+    def _evaluate(self, shape: Shape, dp: int, apart: bool = False) -> None:
         """Simulate every placement, sync algorithm, compression and pricing of (shape, D).
-        ``between``: D lies between two divisors that fit; at most ``exact_degrees_limit`` of
-        those are simulated in a search (on a market of many places each takes thousands of
-        placements), the best bounds first; the bound covers the rest."""
-        if between:
-            if self._dominated(shape, dp):
+        ``apart``: D lies between two divisors that fit (degrees.py): skipped where a smaller
+        degree beats it, and past ``exact_degrees_limit`` of them (the bound covers the rest)."""
+        if apart:
+            if self._between.dominated(shape, dp, self.space.global_batch_size // shape.mbs):
                 self.result.skipped["dominated degree"] += 1
                 return
-            if self._between_left <= 0:
+            if not self._between.take():
                 self._skipped("degrees")
                 return
-            self._between_left -= 1
         feasible = False
         for spot in self.space.spot_options:
             limit = self.options.exact_placements_limit
@@ -516,26 +462,9 @@ class _Search:
                         evaluated = self.e.evaluate(plan)
                         self._record((shape.mbs, shape.gpus, shape.tps, dp), evaluated)
                         feasible = feasible or evaluated.score.feasible
-        if feasible:
-            self._feasible.setdefault(shape, []).append(dp)
+        if feasible and self._between.tried:
+            self._between.met(shape, dp)
         self._report()
-
-    def _dominated(self, shape: Shape, dp: int) -> bool:
-        """A degree between two divisors (tried where ``between_divisors``) whose shape already
-        met the limits at a smaller degree that leaves no more idle microbatch slots
-        (``D * ceil(M / D) - M``: 0 at a divisor): the smaller one's plans cost no more per
-        sample (its fullest pipeline runs no more of the batch's slots, its all-reduce spans fewer
-        replicas, and any placement of the D pipelines holds one of its fewer), so the degree can
-        only be worth it where every such smaller degree misses the floor. For the cheapest
-        plan only: under a total budget the larger degree is the faster one. The exhaustive
-        tests check this on their markets."""
-        if not self._every_least or self.objective.goal != "min_cost":
-            return False
-        per = self.space.global_batch_size // shape.mbs
-        idle = dp * -(-per // dp) - per
-        if idle == 0:
-            return False
-        return any(d < dp and d * -(-per // d) - per <= idle for d in self._feasible.get(shape, ()))
 
     def _skipped(self, what: str) -> None:
         """A heuristic left some of the current item's choices untried; its bound covers them."""

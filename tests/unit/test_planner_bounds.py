@@ -13,11 +13,11 @@ import itertools
 import pytest
 
 from orchestrator.catalog import OFFER_COLUMNS, default_catalog
-from orchestrator.planner import SearchOptions, prepare
+from orchestrator.planner import prepare
 from orchestrator.planner.bounds import ConfigBounds
 from orchestrator.planner.candidates import Shape, block_sizes, expand_blocks
-from orchestrator.planner.search import _Search
 from orchestrator.planner.splits import all_splits
+from orchestrator.planner.sync_bounds import SyncBounds
 from orchestrator.recipe import parse_recipe
 
 PAIRS = (("T4", 1), ("L4", 1))
@@ -87,11 +87,11 @@ def test_forced_blocks_never_exceed_any_config_of_the_family(context, mbs):
 def test_first_stage_tail_never_exceeds_the_first_stages_sync_and_step(context):
     """After the first stage's last backward come its exposed all-reduce and its optimizer step,
     whatever layers it holds."""
-    search = _Search(context.evaluator, context.space, SearchOptions())
     e, layers = context.evaluator, context.space.num_layers
+    sync = SyncBounds(e, num_layers=layers, least_tp=min(context.space.tp_degrees))
     profile = e.profile
     for stages, dp, (gpu, tp) in itertools.product((1, 2, 4), (1, 2, 4), PAIRS):
-        tail = search._first_stage_tail(1, (gpu, tp), dp, stages)
+        tail = sync.first_stage_tail(1, (gpu, tp), dp, stages)
         for split in all_splits(layers, stages):
             _, backward, update = profile.stage_times(gpu, 1, tp, 0, split[1])
             message = profile.stage_gradient_elements(0, split[1], tp) * profile.element_bytes
