@@ -46,6 +46,7 @@ from runtime.memory import keep_freed_memory
 from runtime.models.gpt import build_layers, next_token_loss, tp_plan
 from runtime.models.protocol import ModelParts, ModelSource, TokenInputs, owned_parameters
 from runtime.models.specs import GptSpec
+from runtime.optim import OptimizerSettings, StageOptimizer
 from runtime.tensor_parallel import local, shard_stage
 
 OPTIMIZERS = ("adam", "adamw", "sgd")
@@ -457,12 +458,13 @@ def _kept_bytes(run: Callable[[], tuple], layer: nn.Module) -> int:
     return total
 
 
-def _make_optimizer(params: list[nn.Parameter], name: str) -> torch.optim.Optimizer:
-    # foreach=False: the per-parameter loop the runtime's optimizer runs (runtime/reference.py)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=1e-3, momentum=0.9, foreach=False)
-    kind = torch.optim.AdamW if name == "adamw" else torch.optim.Adam
-    return kind(params, lr=1e-3, foreach=False)
+def _make_optimizer(params: list[nn.Parameter], name: str) -> StageOptimizer:
+    """The update a stage's optimizer runs (runtime/optim.py), with torch's default rates."""
+    momentum = 0.9 if name == "sgd" else 0.0
+    weight_decay = 1e-2 if name == "adamw" else 0.0
+    return StageOptimizer(
+        params, OptimizerSettings(kind=name, lr=1e-3, weight_decay=weight_decay, momentum=momentum)
+    )
 
 
 def _update_seconds(

@@ -17,6 +17,7 @@ from runtime.data.text import ByteCorpus
 from runtime.models.gpt import build_layers, next_token_loss
 from runtime.models.protocol import TokenInputs
 from runtime.models.specs import GptSpec
+from runtime.optim import OptimizerSettings
 from runtime.precision import PRECISIONS, autocast
 
 
@@ -39,13 +40,24 @@ class TrainConfig:
         assert self.optimizer in ("adamw", "adam", "sgd"), self.optimizer
         assert self.precision in PRECISIONS, self.precision
 
+    def optimizer_settings(self) -> OptimizerSettings:
+        return OptimizerSettings(
+            kind=self.optimizer,
+            lr=self.learning_rate,
+            weight_decay=self.weight_decay,
+            momentum=self.momentum,
+        )
+
 
 def make_optimizer(parameters, config: TrainConfig) -> torch.optim.Optimizer:
+    """torch's own optimizer class for ``config``: the yardstick for the stages' optimizer
+    (runtime/optim.py), which must match it bit for bit."""
+    settings = config.optimizer_settings()
     # foreach=False: the same per-parameter update order on every worker, whatever it holds
-    common = {"lr": config.learning_rate, "weight_decay": config.weight_decay, "foreach": False}
-    if config.optimizer == "sgd":
-        return torch.optim.SGD(parameters, momentum=config.momentum, **common)
-    if config.optimizer == "adam":
+    common = {"lr": settings.lr, "weight_decay": settings.weight_decay, "foreach": False}
+    if settings.kind == "sgd":
+        return torch.optim.SGD(parameters, momentum=settings.momentum, **common)
+    if settings.kind == "adam":
         return torch.optim.Adam(parameters, **common)
     return torch.optim.AdamW(parameters, **common)
 

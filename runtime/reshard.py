@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from runtime import tensor_parallel as tp
+from runtime.optim import StageOptimizer
 
 TIED = "tied"
 
@@ -155,9 +156,7 @@ def load_module(module: nn.Module, start: int, tensors: dict[str, torch.Tensor])
     tp.load_local_state(module, wanted)
 
 
-def load_optimizer(
-    optimizer: torch.optim.Optimizer, names: list[str], states: dict[str, dict]
-) -> None:
+def load_optimizer(optimizer: StageOptimizer, names: list[str], states: dict[str, dict]) -> None:
     """Give ``optimizer`` (whose parameters are named ``names``, in order) the saved state of each
     parameter that has one."""
     document = optimizer.state_dict()

@@ -24,8 +24,9 @@ from runtime.comm import Comm
 from runtime.compression import CrossRegionCompressor
 from runtime.layout import Layout, LayoutError
 from runtime.memory import TensorMemory
+from runtime.optim import StageOptimizer
 from runtime.precision import autocast, clip_factor, loss_scaler, squares
-from runtime.reference import TrainConfig, make_optimizer
+from runtime.reference import TrainConfig
 from runtime.workload import Workload
 
 
@@ -94,10 +95,11 @@ class StageRunner:
         # the last stage steps its copy of the tied weight apart, once the first stage's sum is in
         # (see ``_exchange_tied``)
         defer = self.last and self.tied is not None
-        self.optimizer = make_optimizer(
-            [p for p in self.parameters if not (defer and p is self.tied)], config
+        settings = config.optimizer_settings()
+        self.optimizer = StageOptimizer(
+            [p for p in self.parameters if not (defer and p is self.tied)], settings
         )
-        self.tied_optimizer = make_optimizer([self.tied], config) if defer else None
+        self.tied_optimizer = StageOptimizer([self.tied], settings) if defer else None
         names = reshard.global_names(self.module, start, workload.tied)  # one stage or many
         self.optimizer_names = [
             n for n, p in zip(names, self.parameters, strict=True) if not (defer and p is self.tied)

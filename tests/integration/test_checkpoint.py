@@ -25,12 +25,12 @@ from runtime.checkpoint import (  # noqa: E402
 )
 from runtime.models.gpt import build_layers  # noqa: E402
 from runtime.models.specs import model_spec  # noqa: E402
-from runtime.reference import TrainConfig, make_optimizer  # noqa: E402
+from runtime.optim import OptimizerSettings, StageOptimizer  # noqa: E402
+from runtime.reference import TrainConfig  # noqa: E402
 from runtime.storage import LocalStore, StoreError, open_store  # noqa: E402
 
 JOB = "job-1"
 WAIT_S = 30.0
-BATCH = {"global_batch_size": 2, "microbatch_size": 1}
 
 
 class Worker:
@@ -40,7 +40,9 @@ class Worker:
     def __init__(self) -> None:
         torch.set_num_threads(1)
         self.module = torch.nn.Sequential(*build_layers(model_spec("gpt-tiny"), seed=0)[:2])
-        self.optimizer = make_optimizer(self.module.parameters(), TrainConfig(steps=1, **BATCH))
+        self.optimizer = StageOptimizer(
+            self.module.parameters(), OptimizerSettings(kind="adamw", lr=1e-3, weight_decay=0.0)
+        )
         tokens = torch.randint(0, 256, (2, 8), generator=torch.Generator().manual_seed(1))
         self.module(tokens).square().mean().backward()
         self.optimizer.step()
@@ -183,7 +185,7 @@ def test_the_snapshot_does_not_alias_live_tensors(tmp_path):
     with torch.no_grad():  # training goes on while the write has not even started
         for parameter in worker.module.parameters():
             parameter.add_(1.0)
-    worker.optimizer.state[worker.optimizer.param_groups[0]["params"][0]]["exp_avg"].add_(1.0)
+    worker.optimizer.state[worker.optimizer.params[0]]["exp_avg"].add_(1.0)
     store.gate.set()
     commit(store, JOB, 5, checkpointer.wait(WAIT_S))
     written = load(store, JOB, 5, stage=0, replica=1)
