@@ -19,6 +19,7 @@ shards of a group and cut them again for another degree.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Mapping
 
 import torch
@@ -176,6 +177,8 @@ def cut(whole: torch.Tensor, dim: int, *, rank: int, degree: int) -> torch.Tenso
 
 
 def _is_dtensor(tensor: object) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(tensor, DTensor)
+    # no DTensor exists before its module is loaded, and a stage without tensor parallelism never
+    # loads it: importing it to ask would cost every worker ~0.5 CPU-s (it pulls in torch.fx's
+    # symbolic shapes and sympy)
+    module = sys.modules.get("torch.distributed.tensor")
+    return module is not None and isinstance(tensor, module.DTensor)
