@@ -36,8 +36,6 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 
-import torch
-
 from runtime import manifest as manifests
 from runtime.storage import ObjectStore
 
@@ -125,6 +123,8 @@ def manifest_key(job: str, step: int) -> str:
 def snapshot(state: object) -> object:
     """A deep copy of a state dict that shares no memory with the live one: every tensor cloned to
     CPU, every container rebuilt (the optimizer's state dict holds its live tensors and lists)."""
+    import torch  # here, not at the top: the driver commits and reads manifests without torch
+
     if isinstance(state, torch.Tensor):
         return state.detach().to("cpu", copy=True)
     if isinstance(state, dict):
@@ -141,6 +141,8 @@ def snapshot(state: object) -> object:
 
 
 def serialize(state: object) -> bytes:
+    import torch
+
     buffer = io.BytesIO()
     torch.save(state, buffer)
     return buffer.getvalue()
@@ -433,6 +435,8 @@ def _read_entry(store: ObjectStore, job: str, step: int, entry: dict) -> dict:
         raise _corrupt(store, entry["key"], problem, job, step)
     # weights_only: the state holds only tensors (weights, Adam moments and step counters, the RNG
     # ByteTensor) and plain dicts, lists, tuples, numbers, strings and None, so no code runs on load
+    import torch
+
     try:
         document = torch.load(io.BytesIO(data), weights_only=True)
     except Exception as error:  # noqa: BLE001 - torch raises many kinds for a bad file

@@ -17,55 +17,11 @@ parameters: a stage has none of them.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-KINDS = ("adamw", "adam", "sgd")
+from runtime.config import KINDS, OptimizerSettings
 
-
-@dataclass(frozen=True)
-class OptimizerSettings:
-    """One optimizer's hyperparameters (torch's defaults where the recipe has no field)."""
-
-    kind: str  # adamw, adam or sgd
-    lr: float
-    weight_decay: float
-    momentum: float = 0.0  # sgd's
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = 1e-8
-
-    def __post_init__(self) -> None:
-        assert self.kind in KINDS, self.kind
-        # torch's classes check these when built, with these words; ``not 0 <= x`` refuses NaN
-        checks = [
-            ("learning rate", self.lr),
-            ("weight_decay value", self.weight_decay),
-            ("momentum value", self.momentum),
-            ("epsilon value", self.eps),
-        ]
-        for what, value in checks:
-            if not 0.0 <= value:
-                raise ValueError(f"Invalid {what}: {value}")
-        for index, beta in enumerate(self.betas):
-            if not 0.0 <= beta < 1.0:
-                raise ValueError(f"Invalid beta parameter at index {index}: {beta}")
-
-    def group(self) -> dict:
-        """The hyperparameters as torch's classes record them in ``param_groups``."""
-        common = {"lr": self.lr, "weight_decay": self.weight_decay, "maximize": False}
-        flags = {"foreach": False, "differentiable": False, "fused": None}
-        if self.kind == "sgd":
-            return {**common, "momentum": self.momentum, "dampening": 0, "nesterov": False, **flags}
-        return {
-            **common,
-            "betas": self.betas,
-            "eps": self.eps,
-            "amsgrad": False,
-            "capturable": False,
-            "decoupled_weight_decay": self.kind == "adamw",
-            **flags,
-        }
+__all__ = ["KINDS", "OptimizerSettings", "StageOptimizer"]
 
 
 class StageOptimizer:

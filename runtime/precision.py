@@ -22,7 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-PRECISIONS = ("fp32", "bf16-mixed", "fp16-mixed")
+from runtime.config import PRECISIONS
+
 CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 
 

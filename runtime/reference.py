@@ -8,45 +8,15 @@ accumulated gradient is the global batch's mean.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import nn
 
+from runtime.config import TrainConfig
 from runtime.data.text import ByteCorpus
 from runtime.models.gpt import build_layers, next_token_loss
 from runtime.models.protocol import TokenInputs
 from runtime.models.specs import GptSpec
-from runtime.optim import OptimizerSettings
-from runtime.precision import PRECISIONS, autocast
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainConfig:
-    steps: int
-    global_batch_size: int
-    microbatch_size: int
-    learning_rate: float = 1e-3
-    weight_decay: float = 0.0
-    seed: int = 0
-    optimizer: str = "adamw"  # adamw, adam or sgd
-    momentum: float = 0.0  # sgd's
-    grad_clip_norm: float | None = None  # the global gradient norm's bound (precision.py)
-    precision: str = "fp32"  # fp32, bf16-mixed or fp16-mixed (precision.py)
-    initial_loss_scale: float = 2.0**16  # fp16-mixed's first loss scale (GradScaler's default)
-
-    def __post_init__(self) -> None:
-        assert self.global_batch_size % self.microbatch_size == 0, "microbatches divide the batch"
-        assert self.optimizer in ("adamw", "adam", "sgd"), self.optimizer
-        assert self.precision in PRECISIONS, self.precision
-
-    def optimizer_settings(self) -> OptimizerSettings:
-        return OptimizerSettings(
-            kind=self.optimizer,
-            lr=self.learning_rate,
-            weight_decay=self.weight_decay,
-            momentum=self.momentum,
-        )
+from runtime.precision import autocast
 
 
 def make_optimizer(parameters, config: TrainConfig) -> torch.optim.Optimizer:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from runtime.config import DataSource  # noqa: F401 - plain data, named here too
 from runtime.models.protocol import (
     ImageInputs,
     ModelError,
@@ -22,23 +23,6 @@ from runtime.models.protocol import (
     build_model,
     builtin,
 )
-
-
-@dataclass(frozen=True, kw_only=True)
-class DataSource:
-    """What the model reads: ``builtin`` (the byte corpus, or synthetic images), ``tokens``
-    (token files at ``url``, data/tokens.py) or ``shards`` (WebDataset-style tar shards at
-    ``url``, data/shards.py: each epoch visits the shards, and each shard's samples, in an
-    order of its own: data/epochs.py); ``log_samples``: report the sample ids each step read."""
-
-    kind: str = "builtin"
-    url: str | None = None
-    dtype: str = "uint16"
-    log_samples: bool = False
-
-    def __post_init__(self) -> None:
-        assert self.kind in ("builtin", "tokens", "shards"), self.kind
-        assert self.kind == "builtin" or self.url, "token files need a url"
 
 
 @dataclass

@@ -136,8 +136,8 @@ class RuntimeTrainer:
     def start(self, plan: Plan, *, restore_step: int | None, same_nodes: bool = False) -> int:
         import ray
 
+        from runtime.config import TrainConfig
         from runtime.group import WorkerGroup, WorkerPlacementError
-        from runtime.reference import TrainConfig
 
         layout = self._layout(plan)
         training = self.recipe.training
@@ -428,7 +428,7 @@ def check_space(url: str, layout, recipe: Recipe) -> None:
 
 def data_source(data):
     """What the workers read (runtime/workload.py's DataSource) for the recipe's ``data``."""
-    from runtime.workload import DataSource
+    from runtime.config import DataSource
 
     if data.source not in ("tokens", "shards"):
         return None  # the model's own: the byte corpus or synthetic images

@@ -110,8 +110,9 @@ def code_env(model: ModelConfig) -> dict | None:
 
 
 def model_source(model: ModelConfig):
-    """What the workers build (runtime/models/protocol.py's ModelSource; imports torch)."""
-    from runtime.models.protocol import ModelSource
+    """What the workers build (runtime/config.py's ModelSource, which models/protocol.py
+    builds); plain data, no torch."""
+    from runtime.config import ModelSource
 
     if model.hf:
         return ModelSource(

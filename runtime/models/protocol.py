@@ -30,11 +30,13 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+# the model to build is plain data (config.py: the driver names it without importing torch)
+from runtime.config import ModelSource, _source, builtin  # noqa: F401
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -69,38 +71,6 @@ class ModelParts:
 
 class ModelError(ValueError):
     """A model source that cannot be built: names it and what to do."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class ModelSource:
-    """Which model to build: ``kind`` is ``builtin`` (``target`` a built-in name), ``module``
-    (``target`` ``"package.module:function"``) or ``hf`` (``target`` a model type such as
-    ``gpt2``); ``args`` go to the function (the HF config's fields for ``hf``); ``weights``: a
-    local folder or ``s3://`` prefix with the HF weights, else weights from ``seed``."""
-
-    kind: str
-    target: str
-    args: Mapping = field(default_factory=dict)
-    weights: str | None = None
-
-    def __post_init__(self) -> None:
-        assert self.kind in ("builtin", "module", "hf"), self.kind
-        object.__setattr__(self, "args", MappingProxyType(dict(self.args)))
-
-    @property
-    def label(self) -> str:
-        return self.target if self.kind == "builtin" else f"{self.kind}:{self.target}"
-
-    def __reduce__(self):  # a MappingProxyType does not pickle: Ray ships sources to workers
-        return (_source, (self.kind, self.target, dict(self.args), self.weights))
-
-
-def _source(kind, target, args, weights) -> ModelSource:
-    return ModelSource(kind=kind, target=target, args=args, weights=weights)
-
-
-def builtin(name: str) -> ModelSource:
-    return ModelSource(kind="builtin", target=name)
 
 
 def build_model(source: ModelSource, *, seed: int) -> ModelParts:
