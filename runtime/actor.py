@@ -15,16 +15,11 @@ GPU, since the control thread's current CUDA device is not the worker's.
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING
 
 import ray
 
+from runtime.config import DataSource, ModelSource, TrainConfig, builtin
 from runtime.layout import Layout
-
-if TYPE_CHECKING:  # torch's modules: the worker imports them, its driver need not (config.py)
-    from runtime.config import TrainConfig
-    from runtime.models.protocol import ModelSource
-    from runtime.workload import DataSource
 
 # A node that emulates a slower device (the local simulated cloud's noisy neighbour) carries this Ray
 # node label, a factor > 1: its worker's forwards and backwards take that many times as long.
@@ -43,8 +38,6 @@ class StageWorker:
         data: DataSource | None = None,
     ) -> None:
         self.layout, self.rank, self.config, self.corpus_bytes = layout, rank, config, corpus_bytes
-        from runtime.models.protocol import builtin
-
         self.model = model or builtin(layout.model)  # the layout names a built-in one
         self.data = data
         self.runner = None

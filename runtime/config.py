@@ -77,7 +77,7 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         assert self.global_batch_size % self.microbatch_size == 0, "microbatches divide the batch"
-        assert self.optimizer in ("adamw", "adam", "sgd"), self.optimizer
+        assert self.optimizer in KINDS, self.optimizer
         assert self.precision in PRECISIONS, self.precision
 
     def optimizer_settings(self) -> OptimizerSettings:

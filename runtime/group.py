@@ -15,16 +15,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from runtime.actor import CONTROL_GROUP, StageWorker
 from runtime.checkpoint import CheckpointReport, PendingCheckpoint
+from runtime.config import DataSource, ModelSource, TrainConfig
 from runtime.layout import Layout
-
-if TYPE_CHECKING:  # torch's modules: the workers import them, the driver need not
-    from runtime.config import TrainConfig
-    from runtime.models.protocol import ModelSource
-    from runtime.workload import DataSource
 
 RENDEZVOUS_ATTEMPTS = 3
 NODE_ID_LABEL = "ray.io/node-id"  # every Ray node carries its id as this label

@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.config import KINDS, OptimizerSettings
-
-__all__ = ["KINDS", "OptimizerSettings", "StageOptimizer"]
+from runtime.config import OptimizerSettings
 
 
 class StageOptimizer:

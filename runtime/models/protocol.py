@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 # the model to build is plain data (config.py: the driver names it without importing torch)
-from runtime.config import ModelSource, _source, builtin  # noqa: F401
+from runtime.config import ModelSource, builtin  # noqa: F401
 
 
 @dataclass(frozen=True, kw_only=True)
