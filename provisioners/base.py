@@ -287,23 +287,42 @@ class NodeLost:
 Event = NodeReady | PreemptionNotice | NodeLost
 
 
-def poll_until_events(
-    look: Callable[[], list[Event]],
-    *,
-    timeout_s: float,
-    interval_s: float,
-    stop: threading.Event,
-) -> list[Event]:
-    """Call ``look`` (one look at the cloud, returning the events it found) until it finds some,
-    ``timeout_s`` has passed or ``stop`` is set, waiting ``interval_s`` between looks: how adapters
-    that poll a control plane implement ``poll_events``."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        events = look()
-        left_s = deadline - time.monotonic()
-        if events or left_s <= 0 or stop.is_set():
-            return events
-        stop.wait(min(interval_s, left_s))
+class PacedPoll:
+    """``poll_events`` of an adapter that polls a control plane: ``look`` (one look at the cloud,
+    queueing the events its changes mean) at most once per ``interval_s``, and ``drain`` (the
+    queued events) on every call; waits up to ``timeout_s`` for the first event, or until ``stop``
+    is set.
+
+    The pace matters because the driver asks for events between every two training steps
+    (``timeout_s=0``): unpaced, that is a describe call or two per step, which a real account's
+    API throttles (EC2 answers RequestLimitExceeded) and which cost an emulated cloud's API server
+    most of a core. A cloud's notice comes seconds to minutes ahead, so a look per interval
+    loses nothing."""
+
+    def __init__(
+        self,
+        *,
+        look: Callable[[], None],
+        drain: Callable[[], list[Event]],
+        interval_s: float,
+        stop: threading.Event,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._look, self._drain, self._clock = look, drain, clock
+        self.interval_s, self._stop = interval_s, stop
+        self._next_look_s = float("-inf")  # the first call looks
+
+    def __call__(self, *, timeout_s: float) -> list[Event]:
+        deadline = self._clock() + timeout_s
+        while True:
+            if self._clock() >= self._next_look_s:
+                self._look()
+                self._next_look_s = self._clock() + self.interval_s
+            events = self._drain()
+            left_s = deadline - self._clock()
+            if events or left_s <= 0 or self._stop.is_set():
+                return events
+            self._stop.wait(min(max(self._next_look_s - self._clock(), 0.0), left_s))
 
 
 # ---- the contract ---------------------------------------------------------------------------------

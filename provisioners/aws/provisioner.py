@@ -54,9 +54,9 @@ from provisioners.base import (
     NodeReady,
     NodeState,
     Offer,
+    PacedPoll,
     Provisioner,
     ProvisionerError,
-    poll_until_events,
 )
 from provisioners.bootstrap.script import aws_user_data, boot_data
 from provisioners.tracker import NodeTracker, Tracked
@@ -140,6 +140,12 @@ class AwsProvisioner(Provisioner):
         self._images: dict[str, str] = {}
         self._on_demand: dict[tuple[str, str], float | None] = {}
         self._closed = threading.Event()  # set by close(); also what polling waits on
+        self._poll = PacedPoll(
+            look=self._observe,
+            drain=self._tracker.drain,
+            interval_s=self.config.poll_interval_s,
+            stop=self._closed,
+        )
 
     # ---- sessions and clients -------------------------------------------------------------------
 
@@ -485,16 +491,7 @@ class AwsProvisioner(Provisioner):
                 self._terminate_in(region, [node_id])
 
     def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
-        return poll_until_events(
-            self._look,
-            timeout_s=timeout_s,
-            interval_s=self.config.poll_interval_s,
-            stop=self._closed,
-        )
-
-    def _look(self) -> list[Event]:
-        self._observe()
-        return self._tracker.drain()
+        return self._poll(timeout_s=timeout_s)
 
     def _observe(self) -> None:
         """One look at every live node; queue the events its changes mean."""

@@ -71,9 +71,9 @@ from provisioners.base import (
     NodeReady,
     NodeState,
     Offer,
+    PacedPoll,
     Provisioner,
     ProvisionerError,
-    poll_until_events,
     scrub,
 )
 from provisioners.bootstrap.script import azure_custom_data, boot_data
@@ -137,6 +137,12 @@ class AzureProvisioner(Provisioner):
         self._gpus_by_size: dict[str, int] = {}
         self._settings_lock = threading.Lock()  # the throwaway login key is made once
         self._stop = threading.Event()  # set by close(); interrupts every wait
+        self._poll = PacedPoll(
+            look=self._check_live_nodes,
+            drain=self._nodes.drain,
+            interval_s=self.poll_interval_s,
+            stop=self._stop,
+        )
 
     def _vm_settings(self) -> VmSettings:
         """The VM settings with a login key: ARM refuses a Linux VM with neither key nor
@@ -345,13 +351,8 @@ class AzureProvisioner(Provisioner):
         self._delete([t for t in known if t.node.state != NodeState.TERMINATED], reason="terminate")
 
     def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
-        return poll_until_events(
-            self._look, timeout_s=timeout_s, interval_s=self.poll_interval_s, stop=self._stop
-        )
-
-    def _look(self) -> list[Event]:
-        self._check_live_nodes()  # its losses queue after what was queued before
-        return self._nodes.drain()
+        # a look's losses queue after what was queued before
+        return self._poll(timeout_s=timeout_s)
 
     def close(self) -> None:
         self._stop.set()

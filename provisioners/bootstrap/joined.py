@@ -53,6 +53,9 @@ from provisioners.bootstrap.script import NodeBoot, render
 log = logging.getLogger(__name__)
 
 JOIN_LOOK_S = 0.5  # how often a launch looks for its nodes in the cluster
+# how often the driver's event polls (one between every two steps) look for drained nodes: each
+# look reads every node from Ray's GCS, and a cloud's notice comes 30 s or more ahead
+NOTICE_LOOK_S = 0.5
 JOB_LABEL, EXPIRES_LABEL = "geo-job", "geo-expires"  # on every VM: which job, until when
 
 
@@ -114,6 +117,7 @@ class JoinedProvisioner(Provisioner):
         self._stop = stop or threading.Event()
         self._clock = clock
         self._renew_at_s = clock() + lease_s / 2
+        self._notice_look_at_s = float("-inf")  # when (``clock``) to look for drains next
 
     @property
     def clouds(self) -> tuple[str, ...]:
@@ -264,7 +268,12 @@ class JoinedProvisioner(Provisioner):
         return seen
 
     def _notices(self) -> list[Event]:
-        """A ``PreemptionNotice`` per node of ours that a watcher drained since the last look."""
+        """A ``PreemptionNotice`` per node of ours that a watcher drained since the last look
+        (at most one look per ``NOTICE_LOOK_S``)."""
+        now_s = self._clock()
+        if now_s < self._notice_look_at_s:
+            return []
+        self._notice_look_at_s = now_s + NOTICE_LOOK_S
         preempted = self.link.preempted()
         if not preempted:
             return []

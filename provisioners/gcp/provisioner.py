@@ -37,9 +37,9 @@ from provisioners.base import (
     NodeReady,
     NodeState,
     Offer,
+    PacedPoll,
     Provisioner,
     ProvisionerError,
-    poll_until_events,
 )
 from provisioners.bootstrap.script import boot_data, gcp_metadata
 from provisioners.gcp import firewall as job_firewall
@@ -155,6 +155,12 @@ class GcpProvisioner(Provisioner):
         self._market = Market(self._api, self.options.market)
         self._tracker = NodeTracker()  # the nodes (``where``: their zone) and queued events
         self._stop = threading.Event()
+        self._poll = PacedPoll(
+            look=self._refresh,
+            drain=self._tracker.drain,
+            interval_s=self.options.poll_interval_s,
+            stop=self._stop,
+        )
 
     @classmethod
     def at_endpoint(
@@ -413,18 +419,14 @@ class GcpProvisioner(Provisioner):
             set_labels(self._api, zone=vm.infra.split("/")[2], name=vm.node_id, labels=labels)
 
     def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
-        return poll_until_events(
-            lambda: self._tracker.drain() or self._refresh(),
-            timeout_s=timeout_s,
-            interval_s=self.options.poll_interval_s,
-            stop=self._stop,
-        )
+        return self._poll(timeout_s=timeout_s)
 
     def close(self) -> None:
         self._stop.set()
 
-    def _refresh(self) -> list[Event]:
-        """One look at the cloud for every zone where we have live nodes."""
+    def _refresh(self) -> None:
+        """One look at the cloud for every zone where we have live nodes (queueing the events
+        their changes mean)."""
         for zone, tracked in self._tracker.by_where().items():
             instances = {
                 i.name: i
@@ -461,7 +463,6 @@ class GcpProvisioner(Provisioner):
             for one in tracked:
                 node_id = one.node.node_id
                 self._observe(one, instances.get(node_id), node_id in preempted)
-        return self._tracker.drain()
 
     def _observe(self, tracked: Tracked, instance: Any, preempted: bool) -> None:
         """Update one node from what the cloud shows and queue the event it implies."""

@@ -33,10 +33,10 @@ from provisioners.base import (
     NodeReady,
     NodeState,
     Offer,
+    PacedPoll,
     Provisioner,
     ProvisionerError,
     Unsupported,
-    poll_until_events,
 )
 from provisioners.skypilot import credentials
 from provisioners.skypilot.instances import (
@@ -152,6 +152,12 @@ class SkyPilotProvisioner(Provisioner):
         self._pending: list[Event] = []
         self._gpus: dict[tuple[str, str], int] = {}  # (cloud, instance type) -> GPUs per node
         self._closed = threading.Event()  # set by close(); also what polling waits on
+        self._poll = PacedPoll(
+            look=self._refresh,
+            drain=self._drain,
+            interval_s=self.config.poll_interval_s,
+            stop=self._closed,
+        )
 
     # ---- SDK calls ------------------------------------------------------------------------------
 
@@ -425,15 +431,9 @@ class SkyPilotProvisioner(Provisioner):
         ]
 
     def poll_events(self, *, timeout_s: float = 0.0) -> list[Event]:
-        return poll_until_events(
-            self._look,
-            timeout_s=timeout_s,
-            interval_s=self.config.poll_interval_s,
-            stop=self._closed,
-        )
+        return self._poll(timeout_s=timeout_s)
 
-    def _look(self) -> list[Event]:
-        self._refresh()
+    def _drain(self) -> list[Event]:
         events, self._pending = self._pending, []
         return events
 

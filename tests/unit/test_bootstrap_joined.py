@@ -4,6 +4,7 @@ drains, all-or-nothing launches; against a small fake adapter and a fake control
 from __future__ import annotations
 
 import threading
+import time
 
 import pytest
 
@@ -18,7 +19,7 @@ from provisioners.base import (
     PreemptionNotice,
     Provisioner,
 )
-from provisioners.bootstrap.joined import ControllerLink, JoinedProvisioner
+from provisioners.bootstrap.joined import NOTICE_LOOK_S, ControllerLink, JoinedProvisioner
 from provisioners.bootstrap.script import Install, NodeBoot
 
 
@@ -130,10 +131,12 @@ def controller() -> FakeController:
     return FakeController()
 
 
-def joined(controller: FakeController, **cloud) -> tuple[JoinedProvisioner, FakeCloud]:
+def joined(
+    controller: FakeController, clock=time.time, **cloud
+) -> tuple[JoinedProvisioner, FakeCloud]:
     inner = FakeCloud(controller.boot, **cloud)
     wrapper = JoinedProvisioner(
-        inner, job="job", link=controller.link(), boot_for=boot_for, lease_s=3600.0
+        inner, job="job", link=controller.link(), boot_for=boot_for, lease_s=3600.0, clock=clock
     )
     return wrapper, inner
 
@@ -195,11 +198,15 @@ def test_a_refused_launch_leaves_no_token_behind(controller):
 
 
 def test_a_drain_by_the_watcher_is_one_preemption_notice(controller):
-    wrapper, inner = joined(controller)
+    now = [1000.0]
+    wrapper, inner = joined(controller, clock=lambda: now[0])
     nodes = wrapper.launch(REQUEST)
     assert wrapper.poll_events() == []
     (ray_node,) = [r for r, name in controller.ray.items() if name.endswith("-1")]
     controller.draining[ray_node] = 1234.0
+    # the driver polls between every two steps: Ray's node table is read once per NOTICE_LOOK_S
+    assert wrapper.poll_events() == []
+    now[0] += NOTICE_LOOK_S
     (notice,) = wrapper.poll_events()
     assert isinstance(notice, PreemptionNotice)
     assert (notice.node_id, notice.deadline_s, notice.infra) == (
