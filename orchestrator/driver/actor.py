@@ -101,9 +101,13 @@ class DriverActor:
             self._changed.wait_for(
                 lambda: self._finished or self.driver.state.version > after_version, timeout_s
             )
-            choice = self.driver.session.choice
+            choice, state = self.driver.session.choice, self.driver.state
+            if not self._finished:
+                # a follower shows the newest loss; the whole list (one per step) goes once, at
+                # the end: sent with every step's report, it would cost O(steps) a step
+                state = state.evolve(losses=state.losses[-1:])
             return {
-                "state": self.driver.state.to_dict(),
+                "state": state.to_dict(),
                 "finished": self._finished,
                 "error": self._error,
                 "choice": None if choice is None else choice.to_dict(),

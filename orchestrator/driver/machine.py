@@ -535,6 +535,7 @@ class Driver(Guards, Moves, Profiling):
         if step > self.state.high_water_step:  # new ground: the retry budget starts afresh
             progress = {"high_water_step": step, "attempts": 0, "attempts_since_s": None}
         self._save(
+            durable=False,  # one save per step (state.py); the checkpoint's is durable
             trained_steps=self.state.trained_steps + 1,
             train_s=self.state.train_s + took,
             step=step,
@@ -580,8 +581,8 @@ class Driver(Guards, Moves, Profiling):
         self.session.nodes = {}
         self._save(nodes=(), node_kinds={}, workers=None)
 
-    def _save(self, **changes) -> None:
-        self.state = self.store.save(self.state.evolve(**changes))
+    def _save(self, *, durable: bool = True, **changes) -> None:
+        self.state = self.store.save(self.state.evolve(**changes), durable=durable)
 
     def _log(self, event: str, decision: str, reason: str, **extra) -> None:
         """One event; decision and reason as one line each, without colour codes (a runtime's

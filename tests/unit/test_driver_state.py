@@ -19,6 +19,24 @@ def test_state_round_trips_and_counts_versions(tmp_path):
     assert loaded.source.name == "state.json" and loaded.problems == ()
 
 
+def test_a_step_s_commit_is_saved_without_fsync_and_reads_back_alike(tmp_path, monkeypatch):
+    import orchestrator.driver.state as state_module
+
+    synced = []
+    monkeypatch.setattr(state_module.os, "fsync", lambda fd: synced.append(fd))
+    store = StateStore(tmp_path)
+    losses = (float("nan"), float("inf"), 0.1 + 0.2, 1e-300)  # a diverged run's, and exact
+    first = store.save(JobState(job="j", recipe_path="r.yaml", phase="train", losses=losses))
+    assert len(synced) == 2  # the file and its folder: a phase, a checkpoint
+    committed = store.save(first.evolve(step=1), durable=False)  # a step
+    assert len(synced) == 2
+    document = json.loads(store.path.read_text())
+    assert list(document) == ["format", "sha256", "state"]
+    loaded = store.load()
+    assert loaded.source.name == "state.json" and loaded.state.step == 1
+    assert repr(loaded.state.losses) == repr(committed.losses)  # NaN and all, to the last bit
+
+
 @pytest.mark.parametrize(
     "damage",
     [
