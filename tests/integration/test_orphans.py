@@ -39,7 +39,11 @@ objective: {goal: max_throughput}
 constraints: {locations: [local/sim-us/sim-us-a], gpu_types: [T4], max_gpus: 1, pricing: spot}
 checkpointing: {every_steps: 1000, path: CHECKPOINTS, keep_last: 1}
 runtime: {allreduce: flat, link_emulation: false}
+local_cloud: {slow_nodes: 1, slowdown: 6.0}
 """
+# The jobs here (and test_terminal.py's) wait on processes and terminals, not on training: their
+# node computes 6x slower, which is a sleep after each microbatch's compute (runtime/stage.py), so
+# a step takes ~4.5x as long for the same CPU and the cores go to the tests beside them.
 
 pytestmark = [
     pytest.mark.integration,
@@ -52,8 +56,9 @@ def test_a_killed_submit_leaves_no_process_and_spares_the_job_beside_it(tmp_path
     the end leaves none either (one test: the two start-ups overlap on a 2-core machine)."""
     with (
         _Submit(tmp_path, "orphans-killed", steps=100_000) as doomed,
-        # enough steps to outlast the other's kill and sweep on a fast host (150 did not)
-        _Submit(tmp_path, "orphans-done", steps=600) as beside,
+        # enough steps to outlast the other's kill and sweep on a fast host (150 did not, at full
+        # speed; 150 at the slow node's pace take as long as 600 did)
+        _Submit(tmp_path, "orphans-done", steps=150) as beside,
     ):
         doomed.wait_for_training()
         beside.wait_for_training()
