@@ -271,7 +271,8 @@ class JoinedProvisioner(Provisioner):
         """A ``PreemptionNotice`` per node of ours that a watcher drained since the last look
         (at most one look per ``NOTICE_LOOK_S``)."""
         now_s = self._clock()
-        if now_s < self._notice_look_at_s:
+        # (a wall clock set back by more than the pace looks at once rather than waiting it out)
+        if self._notice_look_at_s - NOTICE_LOOK_S <= now_s < self._notice_look_at_s:
             return []
         self._notice_look_at_s = now_s + NOTICE_LOOK_S
         preempted = self.link.preempted()

@@ -221,6 +221,18 @@ def test_a_drain_by_the_watcher_is_one_preemption_notice(controller):
     assert isinstance(lost, NodeLost) and len(controller.members) == 1
 
 
+def test_a_wall_clock_set_back_does_not_hold_back_the_next_look(controller):
+    now = [1000.0]
+    wrapper, _ = joined(controller, clock=lambda: now[0])
+    nodes = wrapper.launch(REQUEST)
+    assert wrapper.poll_events() == []
+    (ray_node,) = [r for r, name in controller.ray.items() if name.endswith("-0")]
+    controller.draining[ray_node] = 1234.0
+    now[0] -= 3600.0  # set back an hour: a look at once, not an hour later
+    (notice,) = wrapper.poll_events()
+    assert notice.node_id == nodes[0].node_id
+
+
 def test_close_gives_up_a_waiting_launch(controller):
     controller.join_on_boot = False
     stop = threading.Event()
