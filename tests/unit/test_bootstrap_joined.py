@@ -197,13 +197,20 @@ def test_a_refused_launch_leaves_no_token_behind(controller):
     assert controller.members == set()
 
 
-def test_a_drain_by_the_watcher_is_one_preemption_notice(controller):
+def _drained_after_a_look(controller, index: int):
+    """A launched gang, one look at it, then node ``index``'s watcher drains it; (the wrapper,
+    the fake cloud, the nodes, the wall clock as a one-item list to move)."""
     now = [1000.0]
     wrapper, inner = joined(controller, clock=lambda: now[0])
     nodes = wrapper.launch(REQUEST)
     assert wrapper.poll_events() == []
-    (ray_node,) = [r for r, name in controller.ray.items() if name.endswith("-1")]
+    (ray_node,) = [r for r, name in controller.ray.items() if name.endswith(f"-{index}")]
     controller.draining[ray_node] = 1234.0
+    return wrapper, inner, nodes, now
+
+
+def test_a_drain_by_the_watcher_is_one_preemption_notice(controller):
+    wrapper, inner, nodes, now = _drained_after_a_look(controller, 1)
     # the driver polls between every two steps: Ray's node table is read once per NOTICE_LOOK_S
     assert wrapper.poll_events() == []
     now[0] += NOTICE_LOOK_S
@@ -222,12 +229,7 @@ def test_a_drain_by_the_watcher_is_one_preemption_notice(controller):
 
 
 def test_a_wall_clock_set_back_does_not_hold_back_the_next_look(controller):
-    now = [1000.0]
-    wrapper, _ = joined(controller, clock=lambda: now[0])
-    nodes = wrapper.launch(REQUEST)
-    assert wrapper.poll_events() == []
-    (ray_node,) = [r for r, name in controller.ray.items() if name.endswith("-0")]
-    controller.draining[ray_node] = 1234.0
+    wrapper, _, nodes, now = _drained_after_a_look(controller, 0)
     now[0] -= 3600.0  # set back an hour: a look at once, not an hour later
     (notice,) = wrapper.poll_events()
     assert notice.node_id == nodes[0].node_id
