@@ -7,7 +7,7 @@ import json
 import pytest
 
 from orchestrator.driver.events import Event, EventLog, read_events
-from orchestrator.driver.state import JobState, StateCorrupt, StateStore
+from orchestrator.driver.state import JobState, StateCorrupt, StateStore, StateText
 
 
 def test_state_round_trips_and_counts_versions(tmp_path):
@@ -35,6 +35,27 @@ def test_a_step_s_commit_is_saved_without_fsync_and_reads_back_alike(tmp_path, m
     loaded = store.load()
     assert loaded.source.name == "state.json" and loaded.state.step == 1
     assert repr(loaded.state.losses) == repr(committed.losses)  # NaN and all, to the last bit
+
+
+def test_the_saved_text_is_json_s_own_through_commits_and_rollbacks():
+    text = StateText()
+    state = JobState(
+        job="j", recipe_path="r.yaml", phase="train", nodes=("n1", "n2"),
+        plan={"b": [1, (2, 3)], "a": {"z": 1.5, "y": None}}, failure={"message": "é\x00"},
+    )  # fmt: skip
+    odd = (0.1 + 0.2, float("nan"), float("inf"), -float("inf"), 1e-300, 3.0)
+    checks = []
+    for step in range(30):  # commits, one loss more each
+        state = state.evolve(losses=(*state.losses, odd[step % len(odd)] * (step + 1)))
+        checks.append(state)
+    for cut in (20, 0, 5):  # rollbacks to a checkpoint, then a commit
+        state = state.evolve(losses=state.losses[:cut])
+        checks.append(state)
+        state = state.evolve(losses=(*state.losses, 0.5))
+        checks.append(state)
+    checks.append(state.evolve(losses=(7.0,) + state.losses[1:]))  # another run's losses
+    for checked in checks:
+        assert text(checked) == json.dumps(checked.to_dict(), sort_keys=True)
 
 
 @pytest.mark.parametrize(
