@@ -222,8 +222,33 @@ class StageWorker:
         )
 
     def close(self) -> None:
+        """Leave the process group in order (every worker of the group at once) and drop the
+        stage; the process stays, for ``reconfigure`` or ``ray.kill``."""
         if self.runner is not None:
             self.runner.close()
+            self.runner = None
+        if self.checkpointer is not None:
+            self.checkpointer.close(timeout_s=10.0)  # the driver waited for its writes already
+            self.checkpointer, self.checkpointer_target = None, None
+
+    def reconfigure(
+        self,
+        layout: Layout,
+        rank: int,
+        config: TrainConfig,
+        corpus_bytes: int,
+        model: ModelSource | None = None,
+        data: DataSource | None = None,
+    ) -> int:
+        """Become rank ``rank`` of ``layout`` (a group started with ``reuse``, runtime/group.py)
+        after ``close``: as a new actor would be, without a new process (its torch, CUDA context
+        and imports stay). ``setup`` follows. Returns this process's id."""
+        import os
+
+        assert self.runner is None, "close() first: the old process group is still joined"
+        self.__init__(layout, rank, config, corpus_bytes, model, data)
+        _reset_peak_memory()  # counters() reports this layout's peak, not the last one's
+        return os.getpid()
 
 
 def pin_interfaces(ip: str) -> None:
@@ -248,14 +273,35 @@ def pin_interfaces(ip: str) -> None:
 
 def _peak_memory_bytes(device) -> int:
     """GPU (a torch device): the allocator's peak there; CPU (None): the process's peak resident
-    set (Linux reports KiB)."""
+    set since its last reconfigure (Linux reports KiB)."""
     if device is not None:
         import torch
 
         return int(torch.cuda.max_memory_allocated(device))
+    try:  # the high-water mark since the last reset (reconfigure), where Linux keeps one
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     import resource
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # the process's whole life
+
+
+def _reset_peak_memory() -> None:
+    """Start the process's resident high-water mark (VmHWM) afresh, where Linux allows it (a
+    process may reset its own: proc(5), clear_refs)."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.reset_peak_memory_stats()
+    try:
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+    except OSError:
+        pass  # not Linux, or not allowed: the peak of the process's whole life is reported
 
 
 def _device_name(device) -> str:

@@ -1,14 +1,17 @@
 """Start one StageWorker actor per worker of a Layout, each in its place, and train.
 
-Placement: the workers form one placement group (all placed or none, within a timeout); with
-``by_place`` (the default) each bundle holds one unit of its place's custom resource
-``infra:<cloud/region/zone>``, which the local simulated cloud (and our Ray on cloud nodes) puts on
-every node, so each worker lands in its location; without it, anywhere.
+Placement: each worker (each tensor-parallel group, which shares a node) holds a placement group of
+one bundle, and a start reserves them all or none within a timeout; with ``by_place`` (the default)
+a bundle holds one unit of its place's custom resource ``infra:<cloud/region/zone>``, which the local
+simulated cloud (and our Ray on cloud nodes) puts on every node, so each worker lands in its
+location; without it, anywhere. A bundle apiece lets a start ``reuse`` the workers of the group before
+it where the new layout has a slot like theirs, and free the rest: a re-layout that keeps each
+process (its imports, its CUDA context) rather than starting new ones.
 
 A group started with a ``name`` outlives the process that started it: its actors and placement
-group are detached and named (``<name>-<rank>``, ``<name>-gang`` in the ``NAMESPACE``), so a driver
-that Ray restarts finds its workers again with ``WorkerGroup.attach`` and trains on without a
-restart; it must ``shutdown`` them itself.
+groups are detached and named (``<name>-<rank>:<role>``, ``<name>-gang<bundle>`` in the
+``NAMESPACE``), so a driver that Ray restarts finds its workers again with ``WorkerGroup.attach``
+and trains on without a restart; it must ``shutdown`` them itself.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from runtime.config import DataSource, ModelSource, TrainConfig
 from runtime.layout import Layout
 
 RENDEZVOUS_ATTEMPTS = 3
+CLOSE_S = 10.0  # a healthy group leaves its process group in well under a second
 NODE_ID_LABEL = "ray.io/node-id"  # every Ray node carries its id as this label
 NAMESPACE = "geo-orchestrator"
 
@@ -51,13 +55,26 @@ class WorkerPlacementError(RuntimeError):
     """The cluster cannot hold every worker of the layout where it must run."""
 
 
+@dataclass(frozen=True)
+class _Bundle:
+    """One placement group's slot: a worker, or a tensor-parallel group sharing a node."""
+
+    place: str
+    tp: int
+    device: str
+
+
 @dataclass
 class WorkerGroup:
     layout: Layout
     actors: list
     nodes: list[str]  # Ray node id per rank
-    placement: object  # the gang's placement group
+    # one placement group per bundle (a worker, or a tensor-parallel group on one node), in the
+    # order of the ranks that lead them: a later start with ``reuse`` keeps some and frees others
+    placements: list
     name: str | None = None  # detached and named (see the module's docstring); None: owned
+    by_place: bool = True
+    gpu_share: float = 1.0
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -79,6 +96,7 @@ class WorkerGroup:
         gpu_share: float = 1.0,
         model: ModelSource | None = None,
         data: DataSource | None = None,
+        reuse: WorkerGroup | None = None,
     ) -> WorkerGroup:
         """Place and set up one worker per rank; ``name``: a detached, named group (unique per
         start: a failed start's names are not reused); ``nodes``: the Ray node id of each rank
@@ -88,78 +106,132 @@ class WorkerGroup:
         sharing one are NCCL hosts of their own, runtime/devices.py);
         ``model``: the model to train (default: the layout's built-in one; a user's code reaches
         the workers with the Ray job's ``runtime_env``, which its actors inherit); ``data``:
-        what a token model reads (default: the byte corpus)."""
+        what a token model reads (default: the byte corpus); ``reuse``: a group of this process
+        to end first, whose workers (their processes, with torch imported and any CUDA context
+        made) take the new layout's ranks in the same place, device and tensor-parallel degree,
+        each as a new worker would; the others are stopped. Unnamed groups only: a worker's
+        name says its rank and role, which a reused one would not keep."""
         import ray
-        from ray.util.placement_group import placement_group, remove_placement_group
-        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        from ray.util.placement_group import remove_placement_group
 
-        # the gang as one placement group: all workers get their slot in their place, or none do;
+        if reuse is not None and (name is not None or reuse.name is not None):
+            raise ValueError("reuse is for unnamed groups: a named worker's name says its role")
         # one bundle per tensor-parallel group (one worker without TP), so a group shares a node
         leads = [r for r, w in enumerate(layout.workers) if w.tp_rank == 0]
-        bundles = [
-            {
-                "CPU": 1.0 * w.tp,
-                **({"GPU": gpu_share * w.tp} if w.device == "cuda" else {}),
-                **({f"infra:{w.place}": 1.0 * w.tp} if by_place else {}),
-            }
-            for w in (layout.workers[r] for r in leads)
-        ]
-        options = {} if name is None else {"name": f"{name}-gang", "lifetime": "detached"}
         if nodes is not None:
             assert len(nodes) == layout.world_size, "one node per rank"
-            options["bundle_label_selector"] = [{NODE_ID_LABEL: nodes[r]} for r in leads]
-        group = placement_group(bundles, strategy="PACK", **options)
-        try:
-            ray.get(group.ready(), timeout=timeout_s)
-        except ray.exceptions.GetTimeoutError:
-            remove_placement_group(group)
-            wanted = sorted({k for b in bundles for k in b})
-            raise WorkerPlacementError(
-                f"{len(bundles)} workers could not all be placed within {timeout_s:.0f} s; they need "
-                f"one CPU each and these resources: {', '.join(wanted)} (see ray.cluster_resources())"
-            ) from None
+        kept = (
+            {}
+            if reuse is None
+            else reuse._hand_over(
+                layout,
+                leads,
+                nodes=nodes,
+                by_place=by_place,
+                gpu_share=gpu_share,
+                timeout_s=timeout_s,
+            )
+        )
+        placements = _reserve(
+            layout,
+            [i for i in range(len(leads)) if i not in kept],
+            leads,
+            name=name,
+            nodes=nodes,
+            by_place=by_place,
+            gpu_share=gpu_share,
+            timeout_s=timeout_s,
+            kept=kept,
+        )
         # steps run one at a time; ``node`` answers beside them (runtime/actor.py)
         remote = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(StageWorker)
         for attempt in range(RENDEZVOUS_ATTEMPTS):
             # a retry's actors get new names: a killed actor's name is freed asynchronously
             label = None if name is None else (name if attempt == 0 else f"{name}.{attempt}")
-            actors = [
-                remote.options(
-                    num_cpus=1,
-                    num_gpus=gpu_share if layout.workers[rank].device == "cuda" else 0,
-                    **(
-                        {}
-                        if label is None
-                        else {
-                            "name": _actor_name(label, layout, rank),
-                            "namespace": NAMESPACE,
-                            "lifetime": "detached",
-                        }
-                    ),
-                    scheduling_strategy=PlacementGroupSchedulingStrategy(
-                        placement_group=group,
-                        placement_group_bundle_index=leads.index(
-                            rank - layout.workers[rank].tp_rank
-                        ),
-                    ),
-                ).remote(layout, rank, config, corpus_bytes, model, data)
-                for rank in range(layout.world_size)
-            ]
+            args = (config, corpus_bytes, model, data)
+            actors = []
+            for rank in range(layout.world_size):
+                bundle = leads.index(rank - layout.workers[rank].tp_rank)
+                if bundle in kept:
+                    actor = kept[bundle][1][layout.workers[rank].tp_rank]
+                    actor.reconfigure.remote(layout, rank, *args)  # before its setup (in order)
+                else:
+                    actor = _new_actor(
+                        remote, layout, rank, label, placements[bundle], gpu_share
+                    ).remote(layout, rank, *args)
+                actors.append(actor)
             try:
                 init_method = ray.get(actors[0].rendezvous.remote(), timeout=timeout_s)
                 setups = [a.setup.remote(init_method, timeout_s) for a in actors]
                 nodes = ray.get(setups, timeout=timeout_s)
-                return cls(layout, actors, nodes, group, label)
+                return cls(layout, actors, nodes, placements, label, by_place, gpu_share)
             except Exception as error:
                 # a failed start must not keep its actors or the gang's slots: the next start
                 # (the driver's retry) would wait for them forever
                 for actor in actors:
                     ray.kill(actor)
+                kept = {}  # a retry starts every worker afresh in the slots already held
                 if attempt + 1 < RENDEZVOUS_ATTEMPTS and _port_taken(error):
                     continue  # the probed port was taken before the store listened: new port
-                remove_placement_group(group)
+                for group in placements:
+                    remove_placement_group(group)
                 raise
         raise AssertionError("unreachable: the last attempt returns or raises")
+
+    def _hand_over(
+        self,
+        layout: Layout,
+        leads: list[int],
+        *,
+        nodes: tuple[str, ...] | None,
+        by_place: bool,
+        gpu_share: float,
+        timeout_s: float,
+    ) -> dict[int, tuple[object, list]]:
+        """End this group for a start of ``layout`` that reuses it: every worker leaves the
+        process group, then the bundles the new layout has a match for (place, device, tensor-
+        parallel degree and, with ``nodes``, node) are kept with their workers, by the index of
+        the new bundle they fill; the rest are stopped and freed. A worker that does not leave
+        in order within ``timeout_s`` (a peer died) stops the whole group instead."""
+        import ray
+        from ray.util.placement_group import remove_placement_group
+
+        if not self.actors:  # shut down already, or handed over to another start
+            return {}
+        mine = [r for r, w in enumerate(self.layout.workers) if w.tp_rank == 0]
+        try:
+            ray.get([a.close.remote() for a in self.actors], timeout=min(timeout_s, CLOSE_S))
+            closed = True
+        except ray.exceptions.RayError:  # a worker died, or waits on one that did
+            closed = False
+        free = {}  # old bundle index -> its slot, while unclaimed
+        if closed and (self.by_place, self.gpu_share) == (by_place, gpu_share):
+            free = {i: _slot(self.layout, lead) for i, lead in enumerate(mine)}
+        kept: dict[int, tuple[object, list]] = {}
+        for i, lead in enumerate(leads):
+            want = _slot(layout, lead)
+            match = next(
+                (
+                    j
+                    for j, slot in free.items()
+                    if slot == want and (nodes is None or self.nodes[mine[j]] == nodes[lead])
+                ),
+                None,
+            )
+            if match is not None:
+                del free[match]
+                tp = self.layout.workers[mine[match]].tp
+                kept[i] = (self.placements[match], self.actors[mine[match] : mine[match] + tp])
+        reused = {id(a) for _, actors in kept.values() for a in actors}
+        for actor in self.actors:
+            if id(actor) not in reused:
+                ray.kill(actor)
+        held = {id(group) for group, _ in kept.values()}
+        for group in self.placements:
+            if id(group) not in held:
+                remove_placement_group(group)
+        self.actors, self.placements = [], []  # handed over: its shutdown has nothing left
+        return kept
 
     @classmethod
     def attach(cls, layout: Layout, name: str, *, timeout_s: float = 30.0) -> WorkerGroup:
@@ -174,10 +246,11 @@ class WorkerGroup:
                 for rank in range(layout.world_size)
             ]
             nodes = ray.get([a.node.remote() for a in actors], timeout=timeout_s)
-            placement = get_placement_group(f"{name}-gang")
+            bundles = sum(1 for w in layout.workers if w.tp_rank == 0)
+            placements = [get_placement_group(_gang_name(name, i)) for i in range(bundles)]
         except (ValueError, ray.exceptions.RayError) as error:
             raise WorkerPlacementError(f"workers {name!r} are not all alive: {error}") from None
-        return cls(layout, actors, nodes, placement, name)
+        return cls(layout, actors, nodes, placements, name)
 
     @staticmethod
     def sweep(prefix: str, *, keep: str | None = None) -> list[str]:
@@ -198,14 +271,16 @@ class WorkerGroup:
                 except ValueError:  # gone meanwhile
                     continue
                 swept.add(group)
+        kept = None if keep is None else _first_label(keep)
         for entry in placement_group_table().values():
             name = entry.get("name") or ""
-            if name.startswith(prefix) and name != f"{keep}-gang" and entry["state"] != "REMOVED":
+            group = name.rpartition(GANG)[0]
+            if name.startswith(prefix) and group != kept and entry["state"] != "REMOVED":
                 try:
                     remove_placement_group(get_placement_group(name))
                 except ValueError:  # removed meanwhile
                     continue
-                swept.add(name.removesuffix("-gang"))
+                swept.add(group)
         return sorted(swept)
 
     def step(self, step: int, *, timeout_s: float = 600.0) -> float:
@@ -396,12 +471,98 @@ class WorkerGroup:
         from ray.util.placement_group import remove_placement_group
 
         try:
-            if graceful:
+            if graceful and self.actors:
                 ray.get([a.close.remote() for a in self.actors], timeout=timeout_s)
         finally:
             for actor in self.actors:
                 ray.kill(actor)
-            remove_placement_group(self.placement)
+            for group in self.placements:
+                remove_placement_group(group)
+            self.actors, self.placements = [], []
+
+
+GANG = "-gang"  # a named group's placement groups: <group>-gang<bundle index>
+
+
+def _gang_name(group: str, bundle: int) -> str:
+    return f"{_first_label(group)}{GANG}{bundle}"
+
+
+def _first_label(group: str) -> str:
+    """The name a group's start was given: its placement groups carry it also when a retried
+    rendezvous named the workers ``<name>.<attempt>``."""
+    head, dot, tail = group.rpartition(".")
+    return head if dot and tail.isdigit() else group
+
+
+def _slot(layout: Layout, lead: int) -> _Bundle:
+    worker = layout.workers[lead]
+    return _Bundle(place=worker.place, tp=worker.tp, device=worker.device)
+
+
+def _reserve(
+    layout: Layout,
+    missing: list[int],
+    leads: list[int],
+    *,
+    name: str | None,
+    nodes: tuple[str, ...] | None,
+    by_place: bool,
+    gpu_share: float,
+    timeout_s: float,
+    kept: dict[int, tuple[object, list]],
+) -> list:
+    """A placement group for each bundle in ``missing`` (indices into ``leads``), all placed or
+    none within ``timeout_s``; returns every bundle's group, the ``kept`` ones included. On a
+    timeout nothing is held any more: the new groups and the kept ones are freed, the kept
+    workers stopped."""
+    import ray
+    from ray.util.placement_group import placement_group, remove_placement_group
+
+    made = {}
+    for i in missing:
+        w = layout.workers[leads[i]]
+        bundle = {
+            "CPU": 1.0 * w.tp,
+            **({"GPU": gpu_share * w.tp} if w.device == "cuda" else {}),
+            **({f"infra:{w.place}": 1.0 * w.tp} if by_place else {}),
+        }
+        options = {} if name is None else {"name": _gang_name(name, i), "lifetime": "detached"}
+        if nodes is not None:
+            options["bundle_label_selector"] = [{NODE_ID_LABEL: nodes[leads[i]]}]
+        made[i] = (placement_group([bundle], **options), bundle)
+    try:
+        ray.get([group.ready() for group, _ in made.values()], timeout=timeout_s)
+    except ray.exceptions.GetTimeoutError:
+        for group, _ in made.values():
+            remove_placement_group(group)
+        for group, actors in kept.values():
+            for actor in actors:
+                ray.kill(actor)
+            remove_placement_group(group)
+        wanted = sorted({k for _, b in made.values() for k in b})
+        raise WorkerPlacementError(
+            f"{len(leads)} workers could not all be placed within {timeout_s:.0f} s; they need "
+            f"one CPU each and these resources: {', '.join(wanted)} (see ray.cluster_resources())"
+        ) from None
+    return [kept[i][0] if i in kept else made[i][0] for i in range(len(leads))]
+
+
+def _new_actor(remote, layout: Layout, rank: int, label: str | None, placement, gpu_share: float):
+    """``remote.options`` for a new worker of ``rank`` in its bundle's ``placement``."""
+    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+    named = {} if label is None else {"namespace": NAMESPACE, "lifetime": "detached"}
+    if label is not None:
+        named["name"] = _actor_name(label, layout, rank)
+    return remote.options(
+        num_cpus=1,
+        num_gpus=gpu_share if layout.workers[rank].device == "cuda" else 0,
+        **named,
+        scheduling_strategy=PlacementGroupSchedulingStrategy(
+            placement_group=placement, placement_group_bundle_index=0
+        ),
+    )
 
 
 def _actor_name(group: str, layout: Layout, rank: int) -> str:

@@ -172,3 +172,35 @@ def local_ray(*, num_cpus: int, resources: dict[str, float], runtime_env=None) -
         yield ray
     finally:
         ray.shutdown()
+
+
+class ReusedWorkers:
+    """Starts each worker group of a test module with the processes of the group before it
+    (``WorkerGroup.start(reuse=...)``), as a re-layout keeps its workers: each start only makes
+    the workers the last layout had no slot for. The tests' losses, which must be the single
+    process's, are then also the check that a reused worker trains as a new one does."""
+
+    def __init__(self) -> None:
+        self._last = None
+
+    def start(self, layout, config, **options):
+        from runtime.group import WorkerGroup
+
+        previous, self._last = self._last, None  # handed over even when the start fails
+        self._last = WorkerGroup.start(layout, config, reuse=previous, **options)
+        return self._last
+
+    def shutdown(self) -> None:
+        if self._last is not None:
+            self._last.shutdown(graceful=False)
+            self._last = None
+
+
+@contextmanager
+def reused_workers() -> Iterator[ReusedWorkers]:
+    """A module's ``ReusedWorkers``, its last group stopped at the end."""
+    workers = ReusedWorkers()
+    try:
+        yield workers
+    finally:
+        workers.shutdown()

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from tests.integration.conftest import FAKE_AWS
+from tests.integration.conftest import FAKE_AWS, reused_workers
 
 torch = pytest.importorskip("torch")
 
@@ -233,7 +233,7 @@ CORPUS_BYTES = 2**18
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
+def workers():
     import ray
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -244,7 +244,8 @@ def ray_cluster():
         include_dashboard=False,
         log_to_driver=False,
     )
-    yield ray
+    with reused_workers() as workers:  # each _train takes the last one's workers
+        yield workers
     ray.shutdown()
 
 
@@ -265,34 +266,29 @@ def _layout(layers=((0, 3), (3, 6)), places=(A1, A2)):
 
 
 def _train(
-    first: int, last: int, *, restore_from: str | None = None, pause=None, layout=None
+    workers, first: int, last: int, *, restore_from: str | None = None, pause=None, layout=None
 ) -> list[float]:
-    """Steps ``first..last`` on a fresh group (restored from ``restore_from`` when given); ``pause``
-    is called with the group after each step."""
-    from runtime.group import WorkerGroup
-
-    group = WorkerGroup.start(layout or _layout(), CONFIG, corpus_bytes=CORPUS_BYTES)
-    try:
-        if restore_from is not None:
-            assert group.restore(restore_from, JOB) == first - 1
-        losses = []
-        for step in range(first, last + 1):
-            losses.append(group.step(step))
-            if pause is not None:
-                pause(group, step)
-        return losses
-    finally:
-        group.shutdown()
+    """Steps ``first..last`` on a new group, made of the last one's workers (restored from
+    ``restore_from`` when given); ``pause`` is called with the group after each step."""
+    group = workers.start(layout or _layout(), CONFIG, corpus_bytes=CORPUS_BYTES)
+    if restore_from is not None:
+        assert group.restore(restore_from, JOB) == first - 1
+    losses = []
+    for step in range(first, last + 1):
+        losses.append(group.step(step))
+        if pause is not None:
+            pause(group, step)
+    return losses
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(ray_cluster) -> list[float]:
+def uninterrupted(workers) -> list[float]:
     """Steps 0..5 of the default layout without a pause: the losses every resume must continue."""
-    return _train(0, 5)
+    return _train(workers, 0, 5)
 
 
 @pytest.fixture(scope="module")
-def checkpoint_at_step_2(ray_cluster, tmp_path_factory) -> str:
+def checkpoint_at_step_2(workers, tmp_path_factory) -> str:
     """A folder with the default layout's checkpoint after step 2 (restores only read it)."""
     folder = str(tmp_path_factory.mktemp("layouts") / "checkpoints")
 
@@ -300,12 +296,12 @@ def checkpoint_at_step_2(ray_cluster, tmp_path_factory) -> str:
         if step == 2:
             group.checkpoint(folder, JOB, step)
 
-    _train(0, 2, pause=checkpoint_after_step_2)
+    _train(workers, 0, 2, pause=checkpoint_after_step_2)
     return folder
 
 
 @pytest.mark.integration
-def test_resume_continues_the_uninterrupted_losses_bit_for_bit(uninterrupted, tmp_path):
+def test_resume_continues_the_uninterrupted_losses_bit_for_bit(workers, uninterrupted, tmp_path):
     folder, reports, pending = str(tmp_path / "checkpoints"), [], []
 
     def checkpoint_after_step_2(group, step: int) -> None:
@@ -315,8 +311,8 @@ def test_resume_continues_the_uninterrupted_losses_bit_for_bit(uninterrupted, tm
             reports.append(group.finish_checkpoint(pending[0]))
 
     # the interrupted run goes one step past its checkpoint, which must not leak into it
-    before = _train(0, 3, pause=checkpoint_after_step_2)
-    resumed = _train(3, 5, restore_from=folder)
+    before = _train(workers, 0, 3, pause=checkpoint_after_step_2)
+    resumed = _train(workers, 3, 5, restore_from=folder)
 
     (report,) = reports
     print(
@@ -338,10 +334,12 @@ def test_resume_continues_the_uninterrupted_losses_bit_for_bit(uninterrupted, tm
     ],
 )
 def test_resume_into_another_layout_continues_the_losses(
-    uninterrupted, checkpoint_at_step_2, layers, places
+    workers, uninterrupted, checkpoint_at_step_2, layers, places
 ):
     """After losing nodes the driver may re-plan to another split and replica count: each new
     stage takes its layers' weights and Adam state from the stages that held them."""
-    resumed = _train(3, 5, restore_from=checkpoint_at_step_2, layout=_layout(layers, places))
+    resumed = _train(
+        workers, 3, 5, restore_from=checkpoint_at_step_2, layout=_layout(layers, places)
+    )
     # the same math in another summation order (microbatches over other replicas and stages)
     assert resumed == pytest.approx(uninterrupted[3:], rel=1e-5)

@@ -25,7 +25,7 @@ from orchestrator.planner.search import SearchOptions  # noqa: E402
 from orchestrator.recipe import parse_recipe  # noqa: E402
 from runtime.reference import TrainConfig, workload_losses  # noqa: E402
 from runtime.workload import build_workload  # noqa: E402
-from tests.integration.conftest import local_ray  # noqa: E402
+from tests.integration.conftest import local_ray, reused_workers  # noqa: E402
 
 A1, A2, B1 = "local/sim-us/sim-us-a", "local/sim-us/sim-us-b", "local/sim-eu/sim-eu-a"
 MODEL = "gpt-tiny"  # 6 layers: embedding, 4 blocks, head; 4 heads
@@ -100,8 +100,9 @@ SHAPES = {
 @pytest.fixture(scope="module")
 def cluster():
     places = {A1: 8, A2: 8, B1: 8}
-    with local_ray(num_cpus=8, resources={f"infra:{p}": n for p, n in places.items()}) as ray:
-        yield ray
+    with local_ray(num_cpus=8, resources={f"infra:{p}": n for p, n in places.items()}):
+        with reused_workers() as workers:
+            yield workers
 
 
 @pytest.fixture(scope="module")
@@ -114,15 +115,10 @@ def expected():
 @pytest.mark.integration
 @pytest.mark.parametrize("shape", list(SHAPES))
 def test_each_shape_trains_as_one_process_does(cluster, expected, shape):
-    from runtime.group import WorkerGroup
-
     plan = SHAPES[shape]
     layout = layout_from_plan(plan, model=MODEL)
-    group = WorkerGroup.start(layout, CONFIG, corpus_bytes=CORPUS_BYTES)
-    try:
-        got = [group.step(step) for step in range(CONFIG.steps)]
-    finally:
-        group.shutdown()
+    group = cluster.start(layout, CONFIG, corpus_bytes=CORPUS_BYTES)  # the last shape's workers
+    got = [group.step(step) for step in range(CONFIG.steps)]
     tolerance = COMPRESSED if plan.compression != "none" else EXACT
     relative = [abs(g - w) / w for g, w in zip(got, expected, strict=True)]
     assert max(relative) <= tolerance, (shape, relative, got, expected)

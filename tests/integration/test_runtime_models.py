@@ -18,7 +18,7 @@ from orchestrator.plan import Plan, Replica, check_plan  # noqa: E402
 from runtime.models.protocol import ModelSource  # noqa: E402
 from runtime.reference import TrainConfig, workload_losses  # noqa: E402
 from runtime.workload import build_workload  # noqa: E402
-from tests.integration.conftest import SMALL_GPT2, local_ray  # noqa: E402
+from tests.integration.conftest import SMALL_GPT2, local_ray, reused_workers  # noqa: E402
 
 A1, B1 = "local/sim-us/sim-us-a", "local/sim-eu/sim-eu-a"
 CONFIG = TrainConfig(
@@ -43,6 +43,12 @@ def ray_cluster():
         yield ray
 
 
+@pytest.fixture(scope="module")
+def workers(ray_cluster):
+    with reused_workers() as pool:
+        yield pool
+
+
 def _layout(num_layers: int):
     half = num_layers // 2
     plan = Plan.from_pipelines(
@@ -56,16 +62,11 @@ def _layout(num_layers: int):
     return plan
 
 
-def _train(model: ModelSource, config: TrainConfig) -> list[float]:
-    from runtime.group import WorkerGroup
-
+def _train(workers, model: ModelSource, config: TrainConfig) -> list[float]:
     num_layers = len(build_workload(model, seed=config.seed, corpus_bytes=CORPUS_BYTES).layers)
     layout = layout_from_plan(_layout(num_layers), model=model.label)
-    group = WorkerGroup.start(layout, config, corpus_bytes=CORPUS_BYTES, model=model)
-    try:
-        return [group.step(step) for step in range(config.steps)]
-    finally:
-        group.shutdown()
+    group = workers.start(layout, config, corpus_bytes=CORPUS_BYTES, model=model)
+    return [group.step(step) for step in range(config.steps)]
 
 
 def _close(got: list[float], want: list[float], precision: str = "fp32") -> None:
@@ -75,21 +76,19 @@ def _close(got: list[float], want: list[float], precision: str = "fp32") -> None
 
 @pytest.mark.integration
 @pytest.mark.parametrize("precision", ["fp32"])  # bf16: test_runtime_training.py, gpt-tiny
-def test_a_hugging_face_gpt2_trains_as_one_process_does(ray_cluster, precision):
+def test_a_hugging_face_gpt2_trains_as_one_process_does(workers, precision):
     config = dataclasses.replace(CONFIG, precision=precision)
     want = workload_losses(
         build_workload(GPT2, seed=config.seed, corpus_bytes=CORPUS_BYTES), config
     )
-    _close(_train(GPT2, config), want, precision)
+    _close(_train(workers, GPT2, config), want, precision)
 
 
 @pytest.mark.integration
-def test_a_model_from_the_users_package_reaches_the_workers_by_runtime_env(
-    ray_cluster, monkeypatch
-):
+def test_a_model_from_the_users_package_reaches_the_workers_by_runtime_env(workers, monkeypatch):
     monkeypatch.syspath_prepend(str(USER_PACKAGE.parent))  # this process's reference run only
     want = workload_losses(
         build_workload(USER, seed=CONFIG.seed, corpus_bytes=CORPUS_BYTES), CONFIG
     )
     # the workers import it from what Ray shipped: the package is on no path of theirs
-    _close(_train(USER, CONFIG), want)
+    _close(_train(workers, USER, CONFIG), want)

@@ -18,7 +18,7 @@ from orchestrator.plan import Plan, Replica, check_plan  # noqa: E402
 from runtime.models.protocol import ModelSource  # noqa: E402
 from runtime.reference import TrainConfig, workload_losses  # noqa: E402
 from runtime.workload import build_workload  # noqa: E402
-from tests.integration.conftest import SMALL_GPT2, local_ray  # noqa: E402
+from tests.integration.conftest import SMALL_GPT2, local_ray, reused_workers  # noqa: E402
 
 A1, B1 = "local/sim-us/sim-us-a", "local/sim-eu/sim-eu-a"
 CONFIG = TrainConfig(
@@ -43,6 +43,12 @@ def ray_cluster():
         yield ray
 
 
+@pytest.fixture(scope="module")
+def workers(ray_cluster):
+    with reused_workers() as pool:
+        yield pool
+
+
 def _plan(layers, pipelines: list[list[tuple[str, int]]]) -> Plan:
     """``pipelines``: per replica, (place, tp) of each stage."""
     plan = Plan.from_pipelines(
@@ -56,18 +62,15 @@ def _plan(layers, pipelines: list[list[tuple[str, int]]]) -> Plan:
     return plan
 
 
-def _train(model: ModelSource, plan: Plan, config: TrainConfig, *, store=None) -> list[float]:
-    from runtime.group import WorkerGroup
-
+def _train(
+    workers, model: ModelSource, plan: Plan, config: TrainConfig, *, store=None
+) -> list[float]:
     layout = layout_from_plan(plan, model=model.label)
-    group = WorkerGroup.start(layout, config, corpus_bytes=CORPUS_BYTES, model=model)
-    try:
-        losses = [group.step(step) for step in range(config.steps)]
-        if store is not None:
-            group.checkpoint(store, "tp-job", config.steps - 1)
-        return losses
-    finally:
-        group.shutdown()
+    group = workers.start(layout, config, corpus_bytes=CORPUS_BYTES, model=model)
+    losses = [group.step(step) for step in range(config.steps)]
+    if store is not None:
+        group.checkpoint(store, "tp-job", config.steps - 1)
+    return losses
 
 
 def _close(got: list[float], want: list[float]) -> None:
@@ -82,39 +85,34 @@ def _reference(model: ModelSource, config: TrainConfig) -> list[float]:
 
 
 @pytest.mark.integration
-def test_a_hugging_face_gpt2_as_two_stages_of_tp2_trains_as_one_process_does(ray_cluster):
+def test_a_hugging_face_gpt2_as_two_stages_of_tp2_trains_as_one_process_does(workers):
     plan = _plan([(0, 3), (3, 6)], [[(A1, 2), (A1, 2)]])
-    _close(_train(GPT2, plan, CONFIG), _reference(GPT2, CONFIG))
+    _close(_train(workers, GPT2, plan, CONFIG), _reference(GPT2, CONFIG))
 
 
 @pytest.mark.integration
-def test_tp_with_replicas_in_two_regions_and_stages_of_other_degrees(ray_cluster, monkeypatch):
+def test_tp_with_replicas_in_two_regions_and_stages_of_other_degrees(workers, monkeypatch):
     """2 stages x 2 replicas (hierarchical sync per tensor-parallel rank), the first stage TP 2
     feeding a whole second stage, in bf16; a user's grouped-query, SwiGLU model with its own
     plan (its gate split too)."""
     monkeypatch.syspath_prepend(str(USER_PACKAGE.parent))  # this process's reference run only
     plan = _plan([(0, 3), (3, 6)], [[(A1, 2), (A1, 1)], [(B1, 2), (B1, 1)]])
     config = dataclasses.replace(CONFIG, precision="bf16-mixed")
-    got, want = _train(LLAMA, plan, config), _reference(LLAMA, config)
+    got, want = _train(workers, LLAMA, plan, config), _reference(LLAMA, config)
     relative = [abs(g - w) / w for g, w in zip(got, want, strict=True)]
     assert max(relative) <= 1e-3, (relative, got, want)  # bf16: rounding of two halves' sums
 
 
 @pytest.mark.integration
-def test_a_tp_checkpoint_restores_into_a_layout_without_tp(ray_cluster, tmp_path):
+def test_a_tp_checkpoint_restores_into_a_layout_without_tp(workers, tmp_path):
     """Shards joined and cut again: TP 2 x 2 stages for 4 steps, then 1 stage without TP goes on
     from the checkpoint; the losses are the 8-step single-process run's."""
-    from runtime.group import WorkerGroup
-
     store = str(tmp_path)
     first = dataclasses.replace(CONFIG, steps=4)
     tp_plan = _plan([(0, 3), (3, 6)], [[(A1, 2), (A1, 2)]])
-    losses = _train(GPT2, tp_plan, first, store=store)
+    losses = _train(workers, GPT2, tp_plan, first, store=store)
     plain = layout_from_plan(_plan([(0, 6)], [[(A1, 1)]]), model=GPT2.label)
-    group = WorkerGroup.start(plain, CONFIG, corpus_bytes=CORPUS_BYTES, model=GPT2)
-    try:
-        group.restore(store, "tp-job")
-        losses += [group.step(step) for step in range(4, 8)]
-    finally:
-        group.shutdown()
+    group = workers.start(plain, CONFIG, corpus_bytes=CORPUS_BYTES, model=GPT2)
+    group.restore(store, "tp-job")
+    losses += [group.step(step) for step in range(4, 8)]
     _close(losses, _reference(GPT2, dataclasses.replace(CONFIG, steps=8)))

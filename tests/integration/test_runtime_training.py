@@ -16,6 +16,7 @@ from runtime.data.text import ByteCorpus  # noqa: E402
 from runtime.models.specs import model_spec  # noqa: E402
 from runtime.reference import TrainConfig, reference_losses  # noqa: E402
 from runtime.stage import one_f_one_b  # noqa: E402
+from tests.integration.conftest import reused_workers  # noqa: E402
 
 A1, A2, B1 = "local/sim-us/sim-us-a", "local/sim-us/sim-us-b", "local/sim-eu/sim-eu-a"
 CONFIG = TrainConfig(steps=6, global_batch_size=16, microbatch_size=2, learning_rate=3e-3, seed=4)
@@ -56,6 +57,13 @@ def ray_cluster():
 
 
 @pytest.fixture(scope="module")
+def workers(ray_cluster):
+    """Each test's group is made of the last one's workers (conftest.ReusedWorkers)."""
+    with reused_workers() as pool:
+        yield pool
+
+
+@pytest.fixture(scope="module")
 def expected():
     corpus = ByteCorpus.stdlib(max_bytes=CORPUS_BYTES)
     return reference_losses(model_spec("gpt-tiny"), corpus, CONFIG)
@@ -91,16 +99,11 @@ def _plan(layers, places, allreduce="hierarchical", compression="none") -> Plan:
     ],
     ids=["dp2", "pp2", "pp2xdp3-hierarchical"],
 )
-def test_losses_match_the_single_process_run(ray_cluster, expected, layers, places, allreduce):
-    from runtime.group import WorkerGroup
-
+def test_losses_match_the_single_process_run(workers, expected, layers, places, allreduce):
     layout = layout_from_plan(_plan(layers, places, allreduce), model="gpt-tiny")
-    group = WorkerGroup.start(layout, CONFIG, corpus_bytes=CORPUS_BYTES)
-    try:
-        losses = [group.step(step) for step in range(CONFIG.steps)]
-        counters = group.counters()
-    finally:
-        group.shutdown()
+    group = workers.start(layout, CONFIG, corpus_bytes=CORPUS_BYTES)
+    losses = [group.step(step) for step in range(CONFIG.steps)]
+    counters = group.counters()
     for got, want in zip(losses, expected, strict=True):
         assert abs(got - want) <= RELATIVE_TOLERANCE * want, (losses, expected)
     if len(layers) > 1:  # activations went forward and gradients back, counted per place pair
@@ -113,13 +116,11 @@ def test_losses_match_the_single_process_run(ray_cluster, expected, layers, plac
 
 
 @pytest.mark.integration
-def test_two_stages_by_two_replicas_over_20_steps_match_the_single_process_run(ray_cluster):
+def test_two_stages_by_two_replicas_over_20_steps_match_the_single_process_run(workers):
     """Issue 6's correctness case as stated: 2 stages x 2 replicas (replicas in two zones of a
     region, hierarchical sync, compression off), 20 steps, against one process with the same global
     batch and seed. Step 0 is bit for bit (the same sums); later steps carry the last bits of the
     different summation order through Adam (tolerance: 1e-6 relative, 5e-4 through a loss spike)."""
-    from runtime.group import WorkerGroup
-
     config = TrainConfig(
         steps=20, global_batch_size=16, microbatch_size=2, learning_rate=3e-3, seed=4
     )
@@ -134,13 +135,10 @@ def test_two_stages_by_two_replicas_over_20_steps_match_the_single_process_run(r
         allreduce="hierarchical",
     )
     check_plan(plan)
-    group = WorkerGroup.start(
+    group = workers.start(
         layout_from_plan(plan, model="gpt-tiny"), config, corpus_bytes=CORPUS_BYTES
     )
-    try:
-        got = [group.step(step) for step in range(config.steps)]
-    finally:
-        group.shutdown()
+    got = [group.step(step) for step in range(config.steps)]
     # measured: 0 at step 0, <= 7e-8 to step 17, then the run's loss spike (3.12 -> 4.29 at step
     # 19, the reference's own) amplifies the last bits to 7.5e-5 .. 2.1e-4 from run to run (gloo
     # sums the region's replicas in arrival order; pure DP and pure PP alike)
@@ -161,13 +159,12 @@ def test_two_stages_by_two_replicas_over_20_steps_match_the_single_process_run(r
     ],
     ids=["clip-sgd", "bf16-clip", "fp16-skips"],
 )
-def test_clipping_and_mixed_precision_match_torchs_own_in_one_process(ray_cluster, options):
+def test_clipping_and_mixed_precision_match_torchs_own_in_one_process(workers, options):
     """2 stages x 2 replicas (tied weight on both ends) against one process running torch's
     ``clip_grad_norm_``, autocast and GradScaler: the global norm spans every stage and replica
     (the tied weight once), and fp16's skipped steps are skipped by every worker alike."""
     import dataclasses
 
-    from runtime.group import WorkerGroup
     from runtime.reference import workload_losses
     from runtime.workload import build_workload
 
@@ -176,11 +173,8 @@ def test_clipping_and_mixed_precision_match_torchs_own_in_one_process(ray_cluste
     workload = build_workload("gpt-tiny", seed=config.seed, corpus_bytes=CORPUS_BYTES)
     want = workload_losses(workload, config, skipped=skipped)
     layout = layout_from_plan(_plan([(0, 3), (3, 6)], [A1, B1]), model="gpt-tiny")
-    group = WorkerGroup.start(layout, config, corpus_bytes=CORPUS_BYTES)
-    try:
-        got = [group.step(step) for step in range(config.steps)]
-    finally:
-        group.shutdown()
+    group = workers.start(layout, config, corpus_bytes=CORPUS_BYTES)
+    got = [group.step(step) for step in range(config.steps)]
     if config.precision == "fp16-mixed":
         assert skipped == [0, 3]  # the case tests what it says
     relative = [abs(g - w) / w for g, w in zip(got, want, strict=True)]
@@ -199,13 +193,14 @@ def test_a_layout_the_cluster_cannot_hold_fails_fast_and_says_why(ray_cluster):
 
 
 @pytest.mark.integration
-def test_a_start_that_fails_in_setup_frees_its_slots(ray_cluster):
-    """A worker failing in setup must not leave actors or the gang's placement group behind: the
+def test_a_start_that_fails_in_setup_frees_its_slots(workers):
+    """A worker failing in setup must not leave actors or the gang's placement groups behind: the
     next start (the driver's retry) would wait for slots nobody will free."""
     import dataclasses
 
     from runtime.group import WorkerGroup
 
+    workers.shutdown()  # the slots of the module's last group too
     # all four of A1's slots: a leaked gang would leave none for the second start
     layout = layout_from_plan(_plan([(0, 6)], [A1] * 4), model="gpt-tiny")
     broken = dataclasses.replace(layout, model="no-such-model")  # every worker's setup fails
@@ -216,6 +211,47 @@ def test_a_start_that_fails_in_setup_frees_its_slots(ray_cluster):
         assert group.step(0) > 0
     finally:
         group.shutdown()
+
+
+@pytest.mark.integration
+def test_a_start_that_reuses_a_group_keeps_its_workers_where_the_layout_has_room(workers, expected):
+    """DP over two regions, then a pipeline of two stages in the first: the first region's worker
+    process takes stage 0, the other region's is stopped and its slot freed, stage 1 is a new
+    worker; the reused one trains from step 0 as a new one would (the single process's losses).
+    A named group is refused: a worker's name says its role."""
+    import os
+
+    import ray
+
+    from runtime.group import WorkerGroup
+    from tests.integration.jobs import until
+
+    workers.shutdown()  # this test counts the cluster's free slots
+
+    def pids(group) -> list[int]:
+        return ray.get([a.__ray_call__.remote(lambda _: os.getpid()) for a in group.actors])
+
+    dp = layout_from_plan(_plan([(0, 6)], [A1, B1], "flat"), model="gpt-tiny")
+    first = WorkerGroup.start(dp, CONFIG, corpus_bytes=CORPUS_BYTES)
+    before, gone = pids(first), first.actors[1]
+    first.step(0)
+    pp = layout_from_plan(_plan([(0, 2), (2, 6)], [A1], "flat"), model="gpt-tiny")
+    with pytest.raises(ValueError, match="unnamed"):
+        WorkerGroup.start(pp, CONFIG, name="job-w1", reuse=first)
+    second = WorkerGroup.start(pp, CONFIG, corpus_bytes=CORPUS_BYTES, reuse=first)
+    try:
+        after = pids(second)
+        assert after[0] == before[0] and after[1] not in before, (before, after)
+        assert first.actors == [] and first.placements == []  # handed over: nothing to stop
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(gone.node.remote(), timeout=30)
+        losses = [second.step(step) for step in range(CONFIG.steps)]
+    finally:
+        second.shutdown()
+    for got, want in zip(losses, expected, strict=True):
+        assert abs(got - want) <= RELATIVE_TOLERANCE * want, (losses, expected)
+    # every slot is free again (placement groups are removed asynchronously)
+    until("the slots back", lambda: ray.available_resources().get("CPU") == 6, timeout_s=30)
 
 
 @pytest.mark.integration
@@ -232,33 +268,29 @@ def test_a_start_that_fails_in_setup_frees_its_slots(ray_cluster):
     ids=["pp-across-regions", "dp-across-regions"],
 )
 def test_emulated_links_slow_steps_as_modeled_and_keep_the_losses(
-    ray_cluster, expected, layers, places, floor_s
+    workers, expected, layers, places, floor_s
 ):
     import dataclasses
     import time
 
-    from runtime.group import WorkerGroup
     from runtime.layout import Link
 
     layout = layout_from_plan(_plan(layers, places, "flat"), model="gpt-tiny")
     if len(layers) > 1:  # put stage 1 of the single pipeline in the other region
-        workers = (layout.workers[0], dataclasses.replace(layout.workers[1], place=B1))
-        layout = dataclasses.replace(layout, workers=workers)
+        moved = (layout.workers[0], dataclasses.replace(layout.workers[1], place=B1))
+        layout = dataclasses.replace(layout, workers=moved)
     slow = tuple(
         Link(src=a, dst=b, latency_s=0.05, bandwidth_bytes_per_s=10e6)
         for a, b in ((A1, B1), (B1, A1))
     )
-    group = WorkerGroup.start(
+    group = workers.start(
         dataclasses.replace(layout, links=slow), CONFIG, corpus_bytes=CORPUS_BYTES
     )
-    try:
-        durations, losses = [], []
-        for step in range(3):
-            start = time.perf_counter()
-            losses.append(group.step(step))
-            durations.append(time.perf_counter() - start)
-    finally:
-        group.shutdown()
+    durations, losses = [], []
+    for step in range(3):
+        start = time.perf_counter()
+        losses.append(group.step(step))
+        durations.append(time.perf_counter() - start)
     assert min(durations) >= floor_s, durations
     for got, want in zip(losses, expected, strict=False):
         assert abs(got - want) <= RELATIVE_TOLERANCE * want
@@ -267,31 +299,25 @@ def test_emulated_links_slow_steps_as_modeled_and_keep_the_losses(
 @pytest.mark.integration
 @pytest.mark.parametrize(("compression", "closeness"), [("fp16", 1e-3), ("int8", 1e-2)])
 def test_compressed_cross_region_hop_trains_close_to_the_exact_run(
-    ray_cluster, expected, compression, closeness
+    workers, expected, compression, closeness
 ):
     """DP over three replicas in two regions: the region leaders exchange fp16 or int8 gradients
     (with error feedback); losses stay within ``closeness`` of the exact run's, and differ from it
     (the compression is really applied)."""
-    from runtime.group import WorkerGroup
-
     plan = _plan([(0, 6)], [A1, A2, B1], "hierarchical", compression)
-    group = WorkerGroup.start(
+    group = workers.start(
         layout_from_plan(plan, model="gpt-tiny"), CONFIG, corpus_bytes=CORPUS_BYTES
     )
-    try:
-        losses = [group.step(step) for step in range(CONFIG.steps)]
-    finally:
-        group.shutdown()
+    losses = [group.step(step) for step in range(CONFIG.steps)]
     gaps = [abs(got - want) / want for got, want in zip(losses, expected, strict=True)]
     assert max(gaps) <= closeness, gaps
     assert max(gaps[1:]) > 1e-7, "compression changed nothing"
 
 
 @pytest.mark.integration
-def test_the_cnn_trains_as_a_pipeline_like_the_single_process_run(ray_cluster):
+def test_the_cnn_trains_as_a_pipeline_like_the_single_process_run(workers):
     """The ConvNeXt-style CNN on synthetic images, 2 stages x 2 replicas (activation shapes differ
     at every cut): the same losses as one process."""
-    from runtime.group import WorkerGroup
     from runtime.reference import workload_losses
     from runtime.workload import build_workload
 
@@ -303,10 +329,7 @@ def test_the_cnn_trains_as_a_pipeline_like_the_single_process_run(ray_cluster):
     plan = Plan.from_pipelines(
         global_batch_size=8, microbatch_size=2, layers=[(0, 3), (3, 7)], pipelines=rows
     )
-    group = WorkerGroup.start(layout_from_plan(plan, model="cnn-tiny"), config)
-    try:
-        got = [group.step(step) for step in range(config.steps)]
-    finally:
-        group.shutdown()
+    group = workers.start(layout_from_plan(plan, model="cnn-tiny"), config)
+    got = [group.step(step) for step in range(config.steps)]
     for a, b in zip(got, want, strict=True):
         assert abs(a - b) <= RELATIVE_TOLERANCE * b, (got, want)
