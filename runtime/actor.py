@@ -114,6 +114,12 @@ class StageWorker:
         return ray.get_runtime_context().get_node_id()
 
     @ray.method(concurrency_group=CONTROL_GROUP)
+    def placement(self) -> str | None:
+        """The id (hex) of the placement group this worker holds its slot in (a restarted driver
+        finds its workers' slots by it)."""
+        return ray.get_runtime_context().get_placement_group_id()
+
+    @ray.method(concurrency_group=CONTROL_GROUP)
     def counters(self) -> dict:
         """Bytes sent per place pair and seconds per phase (whole run), the last step's phases,
         and this worker's peak memory."""

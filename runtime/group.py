@@ -16,6 +16,7 @@ and trains on without a restart; it must ``shutdown`` them itself.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 
@@ -23,11 +24,24 @@ from runtime.actor import CONTROL_GROUP, StageWorker
 from runtime.checkpoint import CheckpointReport, PendingCheckpoint
 from runtime.config import DataSource, ModelSource, TrainConfig
 from runtime.layout import Layout
+from runtime.slots import (  # noqa: F401 - WorkerPlacementError and NAMESPACE are named here too
+    GANG,
+    NAMESPACE,
+    NODE_ID_LABEL,
+    WorkerPlacementError,
+    actor_name,
+    first_label,
+    group_of,
+    new_actor,
+    new_ranks,
+    reserve,
+    slot_of,
+    wait_names_free,
+)
 
+log = logging.getLogger(__name__)
 RENDEZVOUS_ATTEMPTS = 3
 CLOSE_S = 10.0  # a healthy group leaves its process group in well under a second
-NODE_ID_LABEL = "ray.io/node-id"  # every Ray node carries its id as this label
-NAMESPACE = "geo-orchestrator"
 
 
 def _port_taken(error: BaseException) -> bool:
@@ -51,19 +65,6 @@ def place_devices(places: tuple[str, ...]) -> dict[str, str]:
     return devices
 
 
-class WorkerPlacementError(RuntimeError):
-    """The cluster cannot hold every worker of the layout where it must run."""
-
-
-@dataclass(frozen=True)
-class _Bundle:
-    """One placement group's slot: a worker, or a tensor-parallel group sharing a node."""
-
-    place: str
-    tp: int
-    device: str
-
-
 @dataclass
 class WorkerGroup:
     layout: Layout
@@ -75,12 +76,14 @@ class WorkerGroup:
     name: str | None = None  # detached and named (see the module's docstring); None: owned
     by_place: bool = True
     gpu_share: float = 1.0
+    parked: bool = False  # its workers left their process group, kept for a start's ``reuse``
+    reused: int = 0  # of its workers, those a start took over from the group before (``reuse``)
 
     @property
     def names(self) -> tuple[str, ...]:
         """The actors' names (a named group), in rank order."""
         assert self.name is not None
-        return tuple(_actor_name(self.name, self.layout, r) for r in range(self.layout.world_size))
+        return tuple(actor_name(self.name, self.layout, r) for r in range(self.layout.world_size))
 
     @classmethod
     def start(
@@ -109,13 +112,17 @@ class WorkerGroup:
         what a token model reads (default: the byte corpus); ``reuse``: a group of this process
         to end first, whose workers (their processes, with torch imported and any CUDA context
         made) take the new layout's ranks in the same place, device and tensor-parallel degree,
-        each as a new worker would; the others are stopped. Unnamed groups only: a worker's
-        name says its rank and role, which a reused one would not keep."""
+        each as a new worker would; the others are stopped. A reused group keeps its name
+        (``name`` must be ``reuse.name``): a named worker is reused only where the new layout
+        gives its rank the same role and place, which its name says."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        if reuse is not None and (name is not None or reuse.name is not None):
-            raise ValueError("reuse is for unnamed groups: a named worker's name says its role")
+        if reuse is not None and reuse.name != name:
+            raise ValueError(
+                f"a start that reuses group {reuse.name!r} keeps its name, not {name!r}: a named "
+                "worker's name says its group"
+            )
         # one bundle per tensor-parallel group (one worker without TP), so a group shares a node
         leads = [r for r, w in enumerate(layout.workers) if w.tp_rank == 0]
         if nodes is not None:
@@ -132,7 +139,7 @@ class WorkerGroup:
                 timeout_s=timeout_s,
             )
         )
-        placements = _reserve(
+        placements = reserve(
             layout,
             [i for i in range(len(leads)) if i not in kept],
             leads,
@@ -149,6 +156,11 @@ class WorkerGroup:
             # a retry's actors get new names: a killed actor's name is freed asynchronously
             label = None if name is None else (name if attempt == 0 else f"{name}.{attempt}")
             args = (config, corpus_bytes, model, data)
+            if label is not None:  # a reused group's stopped workers may hold a name a moment
+                wait_names_free(
+                    [actor_name(label, layout, r) for r in new_ranks(layout, leads, kept)],
+                    timeout_s=min(timeout_s, CLOSE_S),
+                )
             actors = []
             for rank in range(layout.world_size):
                 bundle = leads.index(rank - layout.workers[rank].tp_rank)
@@ -156,7 +168,7 @@ class WorkerGroup:
                     actor = kept[bundle][1][layout.workers[rank].tp_rank]
                     actor.reconfigure.remote(layout, rank, *args)  # before its setup (in order)
                 else:
-                    actor = _new_actor(
+                    actor = new_actor(
                         remote, layout, rank, label, placements[bundle], gpu_share
                     ).remote(layout, rank, *args)
                 actors.append(actor)
@@ -164,7 +176,10 @@ class WorkerGroup:
                 init_method = ray.get(actors[0].rendezvous.remote(), timeout=timeout_s)
                 setups = [a.setup.remote(init_method, timeout_s) for a in actors]
                 nodes = ray.get(setups, timeout=timeout_s)
-                return cls(layout, actors, nodes, placements, label, by_place, gpu_share)
+                reused = sum(len(workers) for _, workers in kept.values())
+                return cls(
+                    layout, actors, nodes, placements, label, by_place, gpu_share, reused=reused
+                )
             except Exception as error:
                 # a failed start must not keep its actors or the gang's slots: the next start
                 # (the driver's retry) would wait for them forever
@@ -178,6 +193,40 @@ class WorkerGroup:
                 raise
         raise AssertionError("unreachable: the last attempt returns or raises")
 
+    def park(self, *, timeout_s: float = CLOSE_S) -> bool:
+        """Stop training but keep the workers and their slots for a later start's ``reuse``:
+        every worker leaves its process group. False, with every worker stopped and every slot
+        freed, when one cannot within ``timeout_s`` (a peer died: the rest wait on it)."""
+        import ray
+
+        if self.parked or not self.actors:
+            return bool(self.actors)
+        try:
+            ray.get([a.close.remote() for a in self.actors], timeout=timeout_s)
+        except ray.exceptions.RayError as error:
+            log.info("workers %s cannot be kept: %s", self.name or "", error)
+            self.shutdown(graceful=False)
+            return False
+        self.parked = True
+        return True
+
+    def _answering(self, timeout_s: float) -> set[int]:
+        """The ranks whose worker answers within ``timeout_s`` (a parked one whose node was let
+        go since does not)."""
+        import ray
+
+        calls = [a.node.remote() for a in self.actors]
+        ready, _ = ray.wait(calls, num_returns=len(calls), timeout=timeout_s)
+        alive = set()
+        for rank, call in enumerate(calls):
+            if call in ready:
+                try:
+                    ray.get(call)
+                except ray.exceptions.RayError:
+                    continue
+                alive.add(rank)
+        return alive
+
     def _hand_over(
         self,
         layout: Layout,
@@ -188,40 +237,32 @@ class WorkerGroup:
         gpu_share: float,
         timeout_s: float,
     ) -> dict[int, tuple[object, list]]:
-        """End this group for a start of ``layout`` that reuses it: every worker leaves the
-        process group, then the bundles the new layout has a match for (place, device, tensor-
-        parallel degree and, with ``nodes``, node) are kept with their workers, by the index of
-        the new bundle they fill; the rest are stopped and freed. A worker that does not leave
-        in order within ``timeout_s`` (a peer died) stops the whole group instead."""
+        """End this group for a start of ``layout`` that reuses it: it is parked (``park``),
+        then the bundles of its live workers that the new layout has a match for (``_fits``)
+        are kept with their workers, by the index of the new bundle they fill; the rest are
+        stopped and freed."""
         import ray
         from ray.util.placement_group import remove_placement_group
 
-        if not self.actors:  # shut down already, or handed over to another start
+        if not self.park(timeout_s=min(timeout_s, CLOSE_S)):
             return {}
         mine = [r for r, w in enumerate(self.layout.workers) if w.tp_rank == 0]
-        try:
-            ray.get([a.close.remote() for a in self.actors], timeout=min(timeout_s, CLOSE_S))
-            closed = True
-        except ray.exceptions.RayError:  # a worker died, or waits on one that did
-            closed = False
-        free = {}  # old bundle index -> its slot, while unclaimed
-        if closed and (self.by_place, self.gpu_share) == (by_place, gpu_share):
-            free = {i: _slot(self.layout, lead) for i, lead in enumerate(mine)}
+        alive = self._answering(min(timeout_s, CLOSE_S))
+        free = {}  # old bundle index -> its lead rank, while unclaimed
+        if (self.by_place, self.gpu_share) == (by_place, gpu_share):
+            free = {
+                i: lead
+                for i, lead in enumerate(mine)
+                if alive.issuperset(range(lead, lead + self.layout.workers[lead].tp))
+            }
         kept: dict[int, tuple[object, list]] = {}
         for i, lead in enumerate(leads):
-            want = _slot(layout, lead)
-            match = next(
-                (
-                    j
-                    for j, slot in free.items()
-                    if slot == want and (nodes is None or self.nodes[mine[j]] == nodes[lead])
-                ),
-                None,
-            )
+            fits = (j for j, old in free.items() if self._fits(old, layout, lead, nodes))
+            match = next(fits, None)
             if match is not None:
-                del free[match]
-                tp = self.layout.workers[mine[match]].tp
-                kept[i] = (self.placements[match], self.actors[mine[match] : mine[match] + tp])
+                old = free.pop(match)
+                tp = self.layout.workers[old].tp
+                kept[i] = (self.placements[match], self.actors[old : old + tp])
         reused = {id(a) for _, actors in kept.values() for a in actors}
         for actor in self.actors:
             if id(actor) not in reused:
@@ -233,22 +274,39 @@ class WorkerGroup:
         self.actors, self.placements = [], []  # handed over: its shutdown has nothing left
         return kept
 
+    def _fits(self, old: int, layout: Layout, lead: int, nodes: tuple[str, ...] | None) -> bool:
+        """Whether this group's bundle led by rank ``old`` can be the bundle of ``layout`` led by
+        ``lead``: the same place, device and tensor-parallel degree (and node, where ``nodes``
+        pins it); in a named group also the same names, which say rank, role and place."""
+        if slot_of(self.layout, old) != slot_of(layout, lead):
+            return False
+        if nodes is not None and self.nodes[old] != nodes[lead]:
+            return False
+        if self.name is None:
+            return True
+        return all(
+            actor_name(self.name, self.layout, old + t) == actor_name(self.name, layout, lead + t)
+            for t in range(layout.workers[lead].tp)
+        )
+
     @classmethod
     def attach(cls, layout: Layout, name: str, *, timeout_s: float = 30.0) -> WorkerGroup:
         """The named group ``name`` started earlier (by a driver that died since), if every worker
         is alive; raise WorkerPlacementError otherwise (``sweep`` then frees what is left)."""
         import ray
-        from ray.util import get_placement_group
+        from ray._raylet import PlacementGroupID
+        from ray.util.placement_group import PlacementGroup
 
         try:
             actors = [
-                ray.get_actor(_actor_name(name, layout, rank), namespace=NAMESPACE)
+                ray.get_actor(actor_name(name, layout, rank), namespace=NAMESPACE)
                 for rank in range(layout.world_size)
             ]
             nodes = ray.get([a.node.remote() for a in actors], timeout=timeout_s)
-            bundles = sum(1 for w in layout.workers if w.tp_rank == 0)
-            placements = [get_placement_group(_gang_name(name, i)) for i in range(bundles)]
-        except (ValueError, ray.exceptions.RayError) as error:
+            leads = [r for r, w in enumerate(layout.workers) if w.tp_rank == 0]
+            held = ray.get([actors[r].placement.remote() for r in leads], timeout=timeout_s)
+            placements = [PlacementGroup(PlacementGroupID(bytes.fromhex(h))) for h in held]
+        except (ValueError, TypeError, ray.exceptions.RayError) as error:
             raise WorkerPlacementError(f"workers {name!r} are not all alive: {error}") from None
         return cls(layout, actors, nodes, placements, name)
 
@@ -264,18 +322,20 @@ class WorkerGroup:
         swept = set()
         for actor in ray.util.list_named_actors(all_namespaces=True):
             name, namespace = actor["name"], actor["namespace"]
-            group = _group_of(name)
+            group = group_of(name)
             if namespace == NAMESPACE and name.startswith(prefix) and group != keep:
                 try:
                     ray.kill(ray.get_actor(name, namespace=NAMESPACE))
                 except ValueError:  # gone meanwhile
                     continue
                 swept.add(group)
-        kept = None if keep is None else _first_label(keep)
+        kept = None if keep is None else first_label(keep)
         for entry in placement_group_table().values():
             name = entry.get("name") or ""
             group = name.rpartition(GANG)[0]
-            if name.startswith(prefix) and group != kept and entry["state"] != "REMOVED":
+            if not group or not name.startswith(prefix) or group == kept:
+                continue
+            if entry["state"] != "REMOVED":
                 try:
                     remove_placement_group(get_placement_group(name))
                 except ValueError:  # removed meanwhile
@@ -479,101 +539,3 @@ class WorkerGroup:
             for group in self.placements:
                 remove_placement_group(group)
             self.actors, self.placements = [], []
-
-
-GANG = "-gang"  # a named group's placement groups: <group>-gang<bundle index>
-
-
-def _gang_name(group: str, bundle: int) -> str:
-    return f"{_first_label(group)}{GANG}{bundle}"
-
-
-def _first_label(group: str) -> str:
-    """The name a group's start was given: its placement groups carry it also when a retried
-    rendezvous named the workers ``<name>.<attempt>``."""
-    head, dot, tail = group.rpartition(".")
-    return head if dot and tail.isdigit() else group
-
-
-def _slot(layout: Layout, lead: int) -> _Bundle:
-    worker = layout.workers[lead]
-    return _Bundle(place=worker.place, tp=worker.tp, device=worker.device)
-
-
-def _reserve(
-    layout: Layout,
-    missing: list[int],
-    leads: list[int],
-    *,
-    name: str | None,
-    nodes: tuple[str, ...] | None,
-    by_place: bool,
-    gpu_share: float,
-    timeout_s: float,
-    kept: dict[int, tuple[object, list]],
-) -> list:
-    """A placement group for each bundle in ``missing`` (indices into ``leads``), all placed or
-    none within ``timeout_s``; returns every bundle's group, the ``kept`` ones included. On a
-    timeout nothing is held any more: the new groups and the kept ones are freed, the kept
-    workers stopped."""
-    import ray
-    from ray.util.placement_group import placement_group, remove_placement_group
-
-    made = {}
-    for i in missing:
-        w = layout.workers[leads[i]]
-        bundle = {
-            "CPU": 1.0 * w.tp,
-            **({"GPU": gpu_share * w.tp} if w.device == "cuda" else {}),
-            **({f"infra:{w.place}": 1.0 * w.tp} if by_place else {}),
-        }
-        options = {} if name is None else {"name": _gang_name(name, i), "lifetime": "detached"}
-        if nodes is not None:
-            options["bundle_label_selector"] = [{NODE_ID_LABEL: nodes[leads[i]]}]
-        made[i] = (placement_group([bundle], **options), bundle)
-    try:
-        ray.get([group.ready() for group, _ in made.values()], timeout=timeout_s)
-    except ray.exceptions.GetTimeoutError:
-        for group, _ in made.values():
-            remove_placement_group(group)
-        for group, actors in kept.values():
-            for actor in actors:
-                ray.kill(actor)
-            remove_placement_group(group)
-        wanted = sorted({k for _, b in made.values() for k in b})
-        raise WorkerPlacementError(
-            f"{len(leads)} workers could not all be placed within {timeout_s:.0f} s; they need "
-            f"one CPU each and these resources: {', '.join(wanted)} (see ray.cluster_resources())"
-        ) from None
-    return [kept[i][0] if i in kept else made[i][0] for i in range(len(leads))]
-
-
-def _new_actor(remote, layout: Layout, rank: int, label: str | None, placement, gpu_share: float):
-    """``remote.options`` for a new worker of ``rank`` in its bundle's ``placement``."""
-    from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
-
-    named = {} if label is None else {"namespace": NAMESPACE, "lifetime": "detached"}
-    if label is not None:
-        named["name"] = _actor_name(label, layout, rank)
-    return remote.options(
-        num_cpus=1,
-        num_gpus=gpu_share if layout.workers[rank].device == "cuda" else 0,
-        **named,
-        scheduling_strategy=PlacementGroupSchedulingStrategy(
-            placement_group=placement, placement_group_bundle_index=0
-        ),
-    )
-
-
-def _actor_name(group: str, layout: Layout, rank: int) -> str:
-    """A worker's name says its role and place, as ``ray list actors`` and the dashboard show it:
-    ``<group>-3:stage1-dp0@local/sim-us/sim-us-a`` (``-tp1`` for a tensor-parallel rank); a
-    group's name has no ``:`` (a job's name is a slug), so the group is what precedes it."""
-    worker = layout.workers[rank]
-    tp = f"-tp{worker.tp_rank}" if worker.tp > 1 else ""
-    return f"{group}-{rank}:stage{worker.stage}-dp{worker.replica}{tp}@{worker.place}"
-
-
-def _group_of(actor_name: str) -> str:
-    """The group of a worker's name (``_actor_name``)."""
-    return actor_name.split(":", 1)[0].rsplit("-", 1)[0]

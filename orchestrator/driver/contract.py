@@ -141,7 +141,9 @@ class Trainer(Protocol):
 
     def step(self, step: int) -> StepResult: ...
     def checkpoint(self, step: int) -> None: ...
-    def stop(self) -> None: ...
+    def stop(self, *, restart: bool = False) -> None:
+        """Stop training and free the workers; ``restart``: a start follows (a recovery, a plan
+        switch, a re-balance), which may reuse those still healthy (``stop()`` frees them)."""
 
     def workers_name(self) -> str | None:
         """The running workers' name, by which a restarted driver finds them (None: none)."""

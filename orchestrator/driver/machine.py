@@ -369,7 +369,7 @@ class Driver(Guards, Moves, Profiling):
         if self.session.rescue:
             self.session.rescue = False
             self._rescue()
-        self.trainer.stop()  # after the workers' checkpoint writes are done
+        self.trainer.stop(restart=True)  # after the workers' checkpoint writes are done
         self._save(workers=None)
         self._bill()
         leaving, self.session.leaving = self.session.leaving, set()

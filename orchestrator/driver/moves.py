@@ -50,7 +50,7 @@ class Moves:
                 )
             return False
         self._checkpoint("a plan switch")
-        self.trainer.stop()
+        self.trainer.stop(restart=True)
         self.session.lost_at_s, self.session.pause_event = self.clock(), "switched"
         self.session.choice = best
         self.session.declined.clear()
@@ -101,7 +101,7 @@ class Moves:
                 self._log("straggler", "keep the shares", why)
             return False
         self._checkpoint("re-balancing")
-        self.trainer.stop()
+        self.trainer.stop(restart=True)
         self.session.lost_at_s, self.session.pause_event = self.clock(), "rebalanced"
         self.session.same_nodes = True  # each share stays with the node it was measured on
         plan = replace(current.plan, pipeline_microbatches=tuple(proposal.shares_after))

@@ -116,9 +116,13 @@ class RuntimeTrainer:
         self._sent: dict[tuple[str, str], int] = {}
         self._healthy = True  # False once a worker failed: stop without waiting on it
         self._last_nodes: tuple[str, ...] | None = None  # Ray node per rank of the last start
+        # the workers a stop kept for the next start (``stop(restart=True)``), idle, holding
+        # their slots: that start reuses those its plan has the same rank, role and place for
+        self._parked = None
 
     def measure(self, gpu: str, infra: str):
         """The model's profile timed on a node of ``gpu`` in ``infra`` (measure.py)."""
+        self._free_parked()  # the measurement may need a slot a kept worker holds
         return measure_on_node(self.recipe, gpu=gpu, infra=infra, timeout_s=MEASURE_TIMEOUT_S)
 
     def _layout(self, plan: Plan):
@@ -157,8 +161,10 @@ class RuntimeTrainer:
         check_space(self.checkpoint_url, layout, self.recipe)  # a full disk: say so before training
         # the checkpoints to restore from, checked before any worker starts
         verified = self._verified(restore_step) if restore_step else []
-        # named and detached: the workers outlive a driver that dies, which then takes them over
-        name = f"{self.job}-w{uuid.uuid4().hex[:8]}"
+        # named and detached: the workers outlive a driver that dies, which then takes them over;
+        # the workers kept from the last start keep their name, which then stays the group's
+        reuse, self._parked = self._parked, None
+        name = reuse.name if reuse is not None else f"{self.job}-w{uuid.uuid4().hex[:8]}"
         try:
             nodes = self._last_nodes if same_nodes else None
             if nodes is not None and len(nodes) != layout.world_size:
@@ -171,6 +177,7 @@ class RuntimeTrainer:
                 nodes=nodes,
                 model=model_source(self.recipe.model),
                 data=data_source(self.recipe.data),
+                reuse=reuse,
             )
             self._last_nodes = tuple(self.group.nodes)
         except WorkerPlacementError as error:
@@ -197,7 +204,8 @@ class RuntimeTrainer:
         return None if self.group is None else self.group.name
 
     def devices(self) -> str:
-        """E.g. "4 workers on NVIDIA H200 (2 NCCL groups)" or "4 workers on cpu"."""
+        """E.g. "4 workers on NVIDIA H200 (2 NCCL groups)" or "4 workers on cpu, 2 of them kept
+        from the last start"."""
         import ray
 
         if self.group is None:
@@ -213,6 +221,8 @@ class RuntimeTrainer:
             line += f" ({nccl} NCCL groups" if nccl else " (no NCCL group: gloo"
             shared = any(c.get("gpu_shared") for c in counters)
             line += "; ranks share a GPU, each its own NCCL host)" if shared else ")"
+        if self.group.reused:  # processes of the last start, kept through the restart
+            line += f", {self.group.reused} of them kept from the last start"
         return line
 
     def attach(self, plan: Plan, *, workers: str) -> bool:
@@ -388,16 +398,32 @@ class RuntimeTrainer:
             self._healthy = False
             raise self._failure(error, f"checkpoint of step {step}") from None
 
-    def stop(self) -> None:
+    def stop(self, *, restart: bool = False) -> None:
         import ray
 
-        if self.group is None:
+        group, self.group = self.group, None
+        if restart and group is not None and self._healthy and group.park():
+            self._free_parked()
+            self._parked = group  # for the start that follows (its workers have left training)
+            return
+        if not restart:
+            self._free_parked()
+        if group is None:
             return
         try:
-            self.group.shutdown(graceful=self._healthy)
+            group.shutdown(graceful=self._healthy)
         except ray.exceptions.RayError as error:  # a worker died while closing: killed anyway
             log.info("stopping the workers: %s", error)
-        self.group = None
+
+    def _free_parked(self) -> None:
+        import ray
+
+        parked, self._parked = self._parked, None
+        if parked is not None:
+            try:
+                parked.shutdown(graceful=False)  # they left their process group already
+            except ray.exceptions.RayError as error:
+                log.info("stopping the kept workers: %s", error)
 
 
 def check_space(url: str, layout, recipe: Recipe) -> None:

@@ -78,6 +78,46 @@ def test_a_named_group_is_taken_over_and_a_repeated_step_is_trained_once(ray_clu
 
 
 @pytest.mark.integration
+def test_a_restart_keeps_the_named_workers_whose_rank_and_role_stay(ray_cluster, expected):
+    """A recovery's restart (the driver's ``stop(restart=True)``, then ``start``): from 2 replicas
+    to 1, the kept group's name stays; the worker whose name (rank, role, place) the new layout
+    has again is the same process, the other is stopped. A driver restarted then takes the group
+    over by that name, finds its slots, and ``sweep`` keeps it while freeing an older group."""
+    import os
+
+    import ray
+
+    from runtime.group import WorkerGroup
+
+    def pids(group) -> list[int]:
+        return ray.get([a.__ray_call__.remote(lambda _: os.getpid()) for a in group.actors])
+
+    old = WorkerGroup.start(_layout(1, 1), CONFIG, corpus_bytes=CORPUS_BYTES, name="job-wold")
+    first = WorkerGroup.start(_layout(1, 2), CONFIG, corpus_bytes=CORPUS_BYTES, name="job-wkept")
+    try:
+        before = pids(first)
+        first.step(0)
+        assert first.park()
+        with pytest.raises(ValueError, match="keeps its name"):
+            WorkerGroup.start(_layout(1, 1), CONFIG, name="job-wnew", reuse=first)
+        layout = _layout(1, 1)
+        second = WorkerGroup.start(
+            layout, CONFIG, corpus_bytes=CORPUS_BYTES, name="job-wkept", reuse=first
+        )
+        assert pids(second) == before[:1] and second.names == first.names[:1]
+        losses = [second.step(step) for step in range(3)]
+        taken = WorkerGroup.attach(layout, "job-wkept")  # as a restarted driver does
+        assert len(taken.placements) == 1
+        assert WorkerGroup.sweep("job-w", keep="job-wkept") == ["job-wold"]
+        losses += [taken.step(step) for step in range(3, CONFIG.steps)]
+        taken.shutdown()
+    finally:
+        first.shutdown()  # handed over: nothing left to stop
+        old.shutdown(graceful=False)  # swept already, when the test got that far
+    _close(*losses, expected=expected)
+
+
+@pytest.mark.integration
 def test_a_step_handed_to_one_worker_only_is_taken_over_and_finished(ray_cluster, expected):
     """The driver died after handing step 2 to the first worker and before the second: the first
     sits in the step's all-reduce. The new driver still finds both (``node`` and ``counters``

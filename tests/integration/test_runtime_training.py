@@ -218,7 +218,7 @@ def test_a_start_that_reuses_a_group_keeps_its_workers_where_the_layout_has_room
     """DP over two regions, then a pipeline of two stages in the first: the first region's worker
     process takes stage 0, the other region's is stopped and its slot freed, stage 1 is a new
     worker; the reused one trains from step 0 as a new one would (the single process's losses).
-    A named group is refused: a worker's name says its role."""
+    A start under another name is refused: a named worker's name says its group."""
     import os
 
     import ray
@@ -236,7 +236,7 @@ def test_a_start_that_reuses_a_group_keeps_its_workers_where_the_layout_has_room
     before, gone = pids(first), first.actors[1]
     first.step(0)
     pp = layout_from_plan(_plan([(0, 2), (2, 6)], [A1], "flat"), model="gpt-tiny")
-    with pytest.raises(ValueError, match="unnamed"):
+    with pytest.raises(ValueError, match="keeps its name"):
         WorkerGroup.start(pp, CONFIG, name="job-w1", reuse=first)
     second = WorkerGroup.start(pp, CONFIG, corpus_bytes=CORPUS_BYTES, reuse=first)
     try:

@@ -192,7 +192,7 @@ class FakeTrainer:
         self.checkpoints.append(step)
         self.cloud.stored.add(step)
 
-    def stop(self) -> None:
+    def stop(self, *, restart: bool = False) -> None:
         self.cloud.workers.pop(self.name, None)
         self.nodes, self.name = [], None
 
