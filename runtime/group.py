@@ -42,6 +42,9 @@ from runtime.slots import (  # noqa: F401 - WorkerPlacementError and NAMESPACE a
 log = logging.getLogger(__name__)
 RENDEZVOUS_ATTEMPTS = 3
 CLOSE_S = 10.0  # a healthy group leaves its process group in well under a second
+# an idle kept worker answers in milliseconds; one that does not by then is not waited for (its
+# node may be gone before Ray has noticed): it is stopped and a new worker takes its place
+ANSWER_S = 0.25
 
 
 def _port_taken(error: BaseException) -> bool:
@@ -127,6 +130,7 @@ class WorkerGroup:
         leads = [r for r, w in enumerate(layout.workers) if w.tp_rank == 0]
         if nodes is not None:
             assert len(nodes) == layout.world_size, "one node per rank"
+        began = time.monotonic()
         kept = (
             {}
             if reuse is None
@@ -150,6 +154,7 @@ class WorkerGroup:
             timeout_s=timeout_s,
             kept=kept,
         )
+        handed_s = time.monotonic() - began
         # steps run one at a time; ``node`` answers beside them (runtime/actor.py)
         remote = ray.remote(concurrency_groups={CONTROL_GROUP: 1})(StageWorker)
         for attempt in range(RENDEZVOUS_ATTEMPTS):
@@ -161,6 +166,7 @@ class WorkerGroup:
                     [actor_name(label, layout, r) for r in new_ranks(layout, leads, kept)],
                     timeout_s=min(timeout_s, CLOSE_S),
                 )
+            named_s = time.monotonic() - began
             actors = []
             for rank in range(layout.world_size):
                 bundle = leads.index(rank - layout.workers[rank].tp_rank)
@@ -177,6 +183,16 @@ class WorkerGroup:
                 setups = [a.setup.remote(init_method, timeout_s) for a in actors]
                 nodes = ray.get(setups, timeout=timeout_s)
                 reused = sum(len(workers) for _, workers in kept.values())
+                log.info(
+                    "workers %s: %d of %d kept; slots held after %.2f s, names free after "
+                    "%.2f s, set up after %.2f s",
+                    label or "",
+                    reused,
+                    layout.world_size,
+                    handed_s,
+                    named_s,
+                    time.monotonic() - began,
+                )
                 return cls(
                     layout, actors, nodes, placements, label, by_place, gpu_share, reused=reused
                 )
@@ -247,7 +263,7 @@ class WorkerGroup:
         if not self.park(timeout_s=min(timeout_s, CLOSE_S)):
             return {}
         mine = [r for r, w in enumerate(self.layout.workers) if w.tp_rank == 0]
-        alive = self._answering(min(timeout_s, CLOSE_S))
+        alive = self._answering(min(timeout_s, ANSWER_S))
         free = {}  # old bundle index -> its lead rank, while unclaimed
         if (self.by_place, self.gpu_share) == (by_place, gpu_share):
             free = {
