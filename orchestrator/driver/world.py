@@ -216,7 +216,7 @@ class RuntimeTrainer:
             return ""
         kinds = sorted({c["device"] for c in counters})
         nccl = max((c["nccl_groups"] for c in counters), default=0)
-        line = f"{len(counters)} workers on {', '.join(kinds)}"
+        line = f"{len(counters)} worker{'s' if len(counters) != 1 else ''} on {', '.join(kinds)}"
         if any(kind != "cpu" for kind in kinds):
             line += f" ({nccl} NCCL groups" if nccl else " (no NCCL group: gloo"
             shared = any(c.get("gpu_shared") for c in counters)
