@@ -161,24 +161,24 @@ class WorkerGroup:
             # a retry's actors get new names: a killed actor's name is freed asynchronously
             label = None if name is None else (name if attempt == 0 else f"{name}.{attempt}")
             args = (config, corpus_bytes, model, data)
-            if label is not None:  # a reused group's stopped workers may hold a name a moment
-                wait_names_free(
-                    [actor_name(label, layout, r) for r in new_ranks(layout, leads, kept)],
-                    timeout_s=min(timeout_s, CLOSE_S),
-                )
-            named_s = time.monotonic() - began
             actors = []
-            for rank in range(layout.world_size):
-                bundle = leads.index(rank - layout.workers[rank].tp_rank)
-                if bundle in kept:
-                    actor = kept[bundle][1][layout.workers[rank].tp_rank]
-                    actor.reconfigure.remote(layout, rank, *args)  # before its setup (in order)
-                else:
-                    actor = new_actor(
-                        remote, layout, rank, label, placements[bundle], gpu_share
-                    ).remote(layout, rank, *args)
-                actors.append(actor)
             try:
+                if label is not None:  # a reused group's stopped workers may hold a name a moment
+                    wait_names_free(
+                        [actor_name(label, layout, r) for r in new_ranks(layout, leads, kept)],
+                        timeout_s=min(timeout_s, CLOSE_S),
+                    )
+                named_s = time.monotonic() - began
+                for rank in range(layout.world_size):
+                    bundle = leads.index(rank - layout.workers[rank].tp_rank)
+                    if bundle in kept:
+                        actor = kept[bundle][1][layout.workers[rank].tp_rank]
+                        actor.reconfigure.remote(layout, rank, *args)  # before its setup
+                    else:
+                        actor = new_actor(
+                            remote, layout, rank, label, placements[bundle], gpu_share
+                        ).remote(layout, rank, *args)
+                    actors.append(actor)
                 init_method = ray.get(actors[0].rendezvous.remote(), timeout=timeout_s)
                 setups = [a.setup.remote(init_method, timeout_s) for a in actors]
                 nodes = ray.get(setups, timeout=timeout_s)
@@ -199,7 +199,7 @@ class WorkerGroup:
             except Exception as error:
                 # a failed start must not keep its actors or the gang's slots: the next start
                 # (the driver's retry) would wait for them forever
-                for actor in actors:
+                for actor in actors + [a for _, workers in kept.values() for a in workers]:
                     ray.kill(actor)
                 kept = {}  # a retry starts every worker afresh in the slots already held
                 if attempt + 1 < RENDEZVOUS_ATTEMPTS and _port_taken(error):
