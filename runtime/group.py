@@ -9,9 +9,10 @@ it where the new layout has a slot like theirs, and free the rest: a re-layout t
 process (its imports, its CUDA context) rather than starting new ones.
 
 A group started with a ``name`` outlives the process that started it: its actors and placement
-groups are detached and named (``<name>-<rank>:<role>``, ``<name>-gang<bundle>`` in the
-``NAMESPACE``), so a driver that Ray restarts finds its workers again with ``WorkerGroup.attach``
-and trains on without a restart; it must ``shutdown`` them itself.
+groups are detached and named (``<name>-<rank>:<role>@<place>``, ``<name>-gang-<suffix>`` in the
+``NAMESPACE``; runtime/slots.py), so a driver that Ray restarts finds its workers again with
+``WorkerGroup.attach`` and trains on without a restart; it must ``shutdown`` them itself. A named
+group keeps its name through a ``reuse``, so a kept worker's name still says its rank and role.
 """
 
 from __future__ import annotations
