@@ -245,16 +245,13 @@ class StageWorker:
         corpus_bytes: int,
         model: ModelSource | None = None,
         data: DataSource | None = None,
-    ) -> int:
+    ) -> None:
         """Become rank ``rank`` of ``layout`` (a group started with ``reuse``, runtime/group.py)
         after ``close``: as a new actor would be, without a new process (its torch, CUDA context
-        and imports stay). ``setup`` follows. Returns this process's id."""
-        import os
-
+        and imports stay). ``setup`` follows."""
         assert self.runner is None, "close() first: the old process group is still joined"
         self.__init__(layout, rank, config, corpus_bytes, model, data)
         _reset_peak_memory()  # counters() reports this layout's peak, not the last one's
-        return os.getpid()
 
 
 def pin_interfaces(ip: str) -> None:

@@ -33,6 +33,7 @@ from runtime.slots import (  # noqa: F401 - WorkerPlacementError and NAMESPACE a
     actor_name,
     first_label,
     group_of,
+    leads_of,
     new_actor,
     new_ranks,
     reserve,
@@ -128,7 +129,7 @@ class WorkerGroup:
                 "worker's name says its group"
             )
         # one bundle per tensor-parallel group (one worker without TP), so a group shares a node
-        leads = [r for r, w in enumerate(layout.workers) if w.tp_rank == 0]
+        leads = leads_of(layout)
         if nodes is not None:
             assert len(nodes) == layout.world_size, "one node per rank"
         began = time.monotonic()
@@ -263,7 +264,7 @@ class WorkerGroup:
 
         if not self.park(timeout_s=min(timeout_s, CLOSE_S)):
             return {}
-        mine = [r for r, w in enumerate(self.layout.workers) if w.tp_rank == 0]
+        mine = leads_of(self.layout)
         alive = self._answering(min(timeout_s, ANSWER_S))
         free = {}  # old bundle index -> its lead rank, while unclaimed
         if (self.by_place, self.gpu_share) == (by_place, gpu_share):
@@ -320,8 +321,9 @@ class WorkerGroup:
                 for rank in range(layout.world_size)
             ]
             nodes = ray.get([a.node.remote() for a in actors], timeout=timeout_s)
-            leads = [r for r, w in enumerate(layout.workers) if w.tp_rank == 0]
-            held = ray.get([actors[r].placement.remote() for r in leads], timeout=timeout_s)
+            held = ray.get(
+                [actors[r].placement.remote() for r in leads_of(layout)], timeout=timeout_s
+            )
             placements = [PlacementGroup(PlacementGroupID(bytes.fromhex(h))) for h in held]
         except (ValueError, TypeError, ray.exceptions.RayError) as error:
             raise WorkerPlacementError(f"workers {name!r} are not all alive: {error}") from None

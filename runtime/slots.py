@@ -36,6 +36,12 @@ def gang_name(group: str) -> str:
     return f"{first_label(group)}{GANG}{uuid.uuid4().hex[:8]}"
 
 
+def leads_of(layout: Layout) -> list[int]:
+    """The rank leading each bundle (a worker, or the first rank of a tensor-parallel group: its
+    ranks are contiguous), in rank order."""
+    return [r for r, w in enumerate(layout.workers) if w.tp_rank == 0]
+
+
 def new_ranks(layout: Layout, leads: list[int], kept: dict) -> list[int]:
     """The ranks a start makes new workers for: those of the bundles not ``kept``."""
     return [
@@ -129,9 +135,9 @@ def new_actor(remote, layout: Layout, rank: int, label: str | None, placement, g
     """``remote.options`` for a new worker of ``rank`` in its bundle's ``placement``."""
     from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-    named = {} if label is None else {"namespace": NAMESPACE, "lifetime": "detached"}
-    if label is not None:
-        named["name"] = actor_name(label, layout, rank)
+    named = {}
+    if label is not None:  # detached: the workers outlive the driver that started them
+        named = dict(name=actor_name(label, layout, rank), namespace=NAMESPACE, lifetime="detached")
     return remote.options(
         num_cpus=1,
         num_gpus=gpu_share if layout.workers[rank].device == "cuda" else 0,
