@@ -62,18 +62,60 @@ def fault_free_losses(plan: dict, recipe_text: str, folder) -> list[float]:
 # the two runs then stayed ~1e-7 relative apart. A step trained twice, skipped, or resumed with
 # the wrong weights or optimizer state moves the loss by 1e-3 relative or more.
 LOSS_REL_TOLERANCE = 1e-5
+# Where two runs part before either met a fault, their arithmetic parted on its own (seen twice in
+# ~40 CI runs on a loaded host, never here: at step 12, and at step 17 with the runs 7.9e-3 apart
+# by step 191). From an ulp on, the runs drift apart as different roundings do: a DP2 run beside a
+# single process, whose sums differ in order from the first step, is ~3e-3 apart by step 200.
+DRIFT_REL_TOLERANCE = 5e-2
+
+
+def _apart(losses: list[float], reference: list[float]) -> list[tuple[int, float]]:
+    """(step, relative difference) of each step where ``losses`` and ``reference`` differ."""
+    assert len(losses) == len(reference), (len(losses), len(reference))
+    pairs = enumerate(zip(losses, reference, strict=True))
+    return [(step, abs(a - b) / abs(b)) for step, (a, b) in pairs if a != b]
+
+
+def _say(apart: list[tuple[int, float]]) -> str:
+    worst = max(apart, key=lambda item: item[1])
+    first = ", ".join(f"{step}: {rel:.1e}" for step, rel in apart[:4])
+    return (
+        f"{len(apart)} steps differ, the first ones {first}; the most at step {worst[0]}: "
+        f"{worst[1]:.2e} relative"
+    )
 
 
 def assert_same_losses(losses: list[float], reference: list[float]) -> None:
     """``losses`` are ``reference``'s, step for step, within ``LOSS_REL_TOLERANCE``."""
-    assert len(losses) == len(reference), (len(losses), len(reference))
-    pairs = enumerate(zip(losses, reference, strict=True))
-    apart = [(step, abs(a - b) / abs(b)) for step, (a, b) in pairs if a != b]
-    worst = max(apart, key=lambda item: item[1], default=(None, 0.0))
-    assert worst[1] <= LOSS_REL_TOLERANCE, (
-        f"{len(apart)} steps differ, the first at step {apart[0][0]}; the most at step "
-        f"{worst[0]}: {worst[1]:.2e} relative"
-    )
+    apart = _apart(losses, reference)
+    assert max((rel for _, rel in apart), default=0.0) <= LOSS_REL_TOLERANCE, _say(apart)
+
+
+def assert_fault_free_losses(state: dict, recipe_text: str, folder, *, first_fault: int) -> None:
+    """The job's losses (its final ``state``) are those of the straight-through run of its plan,
+    step for step. ``first_fault``: the number of steps the job had trained when it met its
+    first fault (a loss index below it was trained before any).
+
+    Where the two runs part before that, no fault parted them: the straight-through run is made
+    again (it may be the one that parted). If the job's own run parted before its first fault,
+    its later steps cannot be told from the straight-through run's bit for bit; then the first
+    step apart must be an ulp's drift (a wrong sample or weight moves the loss 1e-3 or more) and
+    the rest within the drift such roundings grow to, and the test says so in a warning."""
+    import warnings
+
+    losses = state["losses"]
+    apart = _apart(losses, fault_free_losses(state["plan"], recipe_text, folder))
+    if apart and apart[0][0] < first_fault:
+        again = folder / "fault-free-again"
+        again.mkdir()
+        apart = _apart(losses, fault_free_losses(state["plan"], recipe_text, again))
+    if not apart or apart[0][0] >= first_fault:
+        assert max((rel for _, rel in apart), default=0.0) <= LOSS_REL_TOLERANCE, _say(apart)
+        return
+    parted = f"the job parted from its fault-free run before any fault: {_say(apart)}"
+    warnings.warn(parted, stacklevel=2)
+    assert apart[0][1] <= LOSS_REL_TOLERANCE, f"more than an ulp at first: {_say(apart)}"
+    assert max(rel for _, rel in apart) <= DRIFT_REL_TOLERANCE, _say(apart)
 
 
 def until(what: str, predicate, *, timeout_s: float):
