@@ -26,11 +26,12 @@ step=ray
 export GLOO_SOCKET_IFNAME="$interface" NCCL_SOCKET_IFNAME="$interface"
 for assignment in $RAY_ENV; do export "${assignment?}"; done
 say "ray start --address=$RAY_ADDRESS as $overlay_ip"
-# (as a module: a venv made without pip has no console scripts)
+# (as a module: a venv made without pip has no console scripts). No log monitor: it would publish
+# every line of the node's logs to drivers, and ours print none (logs -f reads the files)
 "$VENV/bin/python" -m ray.scripts.scripts start --address="$RAY_ADDRESS" --node-ip-address="$overlay_ip" \
   --num-cpus="$NUM_CPUS" --num-gpus="$NUM_GPUS" --resources="$RESOURCES_JSON" \
   --labels="$LABELS" --object-store-memory="$OBJECT_STORE_BYTES" --disable-usage-stats \
-  --temp-dir="$RAY_TEMP_DIR"
+  --temp-dir="$RAY_TEMP_DIR" --include-log-monitor=False
 
 step=watch
 say "ready; watching (controller grace ${GRACE_S} s, notices from $NOTICE_SOURCE)"

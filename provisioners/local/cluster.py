@@ -42,6 +42,11 @@ HEALTH_CHECK = {
     "health_check_failure_threshold": 3,
 }
 OBJECT_STORE_BYTES = 80 * 1024 * 1024  # per node: the smallest Ray accepts comfortably
+# Ray's log monitor tails a node's log folder and publishes each line to drivers that print the
+# workers' output. Every node of the local cloud shares one session folder on one host, so each
+# node's monitor would read all the nodes' logs; and no driver of ours prints them
+# (``log_to_driver=False``): the logs stay in their files (the job's ``ray-logs``).
+QUIET_NODE = {"include_log_monitor": False}
 # On a machine with CUDA GPUs a simulated node's GPUs are this machine's, in turn: Ray is told
 # not to set CUDA_VISIBLE_DEVICES (it would show every node "its" GPU 0) and the node's workers
 # read which of this machine's GPUs their GPU 0 is (runtime/devices.py reads the same name)
@@ -193,6 +198,7 @@ class LocalCluster(ClusterNodes):
             resources=spec.resources(),
             labels=spec.labels(),
             object_store_memory=OBJECT_STORE_BYTES,
+            **QUIET_NODE,
         )
         import ray._private.services
 
@@ -344,6 +350,10 @@ def start_head(
             **({"dashboard_port": dashboard_port()} if dashboard else {}),
             "_system_config": dict(HEALTH_CHECK),
             "session_name": session,
+            **QUIET_NODE,
+            # Ray's autoscaler monitor: nothing here autoscales (the driver rents and frees the
+            # nodes); the dashboard's cluster-status panel reads its report, so it runs with one
+            "no_monitor": not dashboard,
             **({"node_ip_address": node_ip} if node_ip else {}),
         },
         # Ray's hooks: a SIGTERM handler (main thread only) and kernel fate-sharing, which
