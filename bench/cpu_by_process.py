@@ -2,8 +2,11 @@
 from /proc while the command runs, and the CPU each one used meanwhile is summed by what it is
 (a Ray actor by its class, Ray's own daemons by name, the rest by its program).
 
-Usage: python bench/cpu_by_process.py COMMAND [ARGS...]
+Usage: python bench/cpu_by_process.py [--top N] COMMAND [ARGS...]
 e.g.   python bench/cpu_by_process.py python -m pytest -q -n 2 tests/integration
+
+``--top N`` also lists the N command lines (cut to 150 characters) that used the most CPU in all,
+their processes summed: which of "the command's own python processes" cost what.
 
 Linux only. A process that starts and ends between two reads (every 0.2 s) is missed; the
 project's are all longer. Other users' processes count too: run it with nothing else running.
@@ -61,6 +64,9 @@ def read_all(seen: dict) -> None:
 
 
 def main(argv: list[str]) -> int:
+    top = 0
+    if argv[:1] == ["--top"] and len(argv) > 2 and argv[1].isdigit():
+        top, argv = int(argv[1]), argv[2:]
     if not argv:
         print(__doc__, file=sys.stderr)
         return 2
@@ -75,17 +81,21 @@ def main(argv: list[str]) -> int:
         read_all(seen)
     read_all(seen)
     wall_s = time.monotonic() - started
-    cpu = collections.Counter()
-    count = collections.Counter()
+    cpu, count, lines = collections.Counter(), collections.Counter(), collections.Counter()
     for key, (cpu_s, command) in seen.items():
         used = cpu_s - before.get(key, (0.0, ""))[0]
         if used > 0:
             kind = kind_of(command)
             cpu[kind] += used
             count[kind] += 1
+            lines[command[:150]] += used
     print(f"wall {wall_s:.1f} s, CPU {sum(cpu.values()):.1f} s; by kind (CPU s, processes):")
     for kind, seconds in cpu.most_common(25):
         print(f"{seconds:8.1f} {count[kind]:5d}  {kind}")
+    if top:
+        print(f"the {top} costliest command lines (CPU s):")
+        for command, seconds in lines.most_common(top):
+            print(f"{seconds:8.1f}  {command}")
     return process.returncode
 
 
