@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.integration.jobs import assert_same_losses, fault_free_losses, submit_job
+from tests.integration.jobs import assert_parted_by_rounding, fault_free_losses, submit_job
 
 # enough steps and a slow enough node that the move pays on a fast host too (the driver keeps the
 # shares when the steps left would not win back the restart, ~5 s with a x2 margin): 8
@@ -62,8 +62,7 @@ def test_a_slow_node_gets_a_smaller_share_and_the_losses_stay(tmp_path, capsys):
     # apart, so the sums differ in the last bits only (fp32)
     even = {k: v for k, v in state["plan"].items() if k != "pipeline_microbatches"}
     fault_free = fault_free_losses(even, RECIPE, tmp_path)
-    step = move["details"]["step"]
-    assert_same_losses(state["losses"][:step], fault_free[:step])  # before the move: bit for bit
-    # (1.6e-4 relative seen over 80 steps with shares 1 + 7; a sample given to the wrong replica or
-    # counted twice moves the loss by far more)
-    assert state["losses"] == pytest.approx(fault_free, rel=3e-4)
+    # before the move bit for bit; from it, the replicas' sums are grouped otherwise: within an ulp
+    # at first (a sample given to the wrong replica or counted twice moves the loss ~1e-3 at
+    # once), then the drift of different roundings (1.6e-4 to 6.7e-4 relative seen by step 60)
+    assert_parted_by_rounding(state["losses"], fault_free, parted_at=move["details"]["step"])
