@@ -19,6 +19,7 @@ from runtime.stage import one_f_one_b  # noqa: E402
 from tests.integration.conftest import reused_workers  # noqa: E402
 
 A1, A2, B1 = "local/sim-us/sim-us-a", "local/sim-us/sim-us-b", "local/sim-eu/sim-eu-a"
+A3 = "local/sim-us/sim-us-c"  # two slots: a place a test fills whole with few workers
 CONFIG = TrainConfig(steps=6, global_batch_size=16, microbatch_size=2, learning_rate=3e-3, seed=4)
 CORPUS_BYTES = 2**20
 # Summing the same gradients in another order (per replica, then across replicas; the tied weight's
@@ -47,8 +48,8 @@ def ray_cluster():
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     ray.init(
         address="local",  # a cluster of its own, never one another process started
-        num_cpus=6,
-        resources={f"infra:{A1}": 4, f"infra:{A2}": 4, f"infra:{B1}": 4},
+        num_cpus=8,  # the module's reused group and a test's group of its own beside it
+        resources={f"infra:{A1}": 4, f"infra:{A2}": 4, f"infra:{B1}": 4, f"infra:{A3}": 2},
         include_dashboard=False,
         log_to_driver=False,
     )
@@ -193,16 +194,15 @@ def test_a_layout_the_cluster_cannot_hold_fails_fast_and_says_why(ray_cluster):
 
 
 @pytest.mark.integration
-def test_a_start_that_fails_in_setup_frees_its_slots(workers):
+def test_a_start_that_fails_in_setup_frees_its_slots(ray_cluster):
     """A worker failing in setup must not leave actors or the gang's placement groups behind: the
     next start (the driver's retry) would wait for slots nobody will free."""
     import dataclasses
 
     from runtime.group import WorkerGroup
 
-    workers.shutdown()  # the slots of the module's last group too
-    # all four of A1's slots: a leaked gang would leave none for the second start
-    layout = layout_from_plan(_plan([(0, 6)], [A1] * 4), model="gpt-tiny")
+    # both of A3's slots: a leaked gang would leave none for the second start
+    layout = layout_from_plan(_plan([(0, 6)], [A3] * 2), model="gpt-tiny")
     broken = dataclasses.replace(layout, model="no-such-model")  # every worker's setup fails
     with pytest.raises(Exception, match="no-such-model"):
         WorkerGroup.start(broken, CONFIG, corpus_bytes=CORPUS_BYTES, timeout_s=30)
