@@ -156,22 +156,34 @@ def s3_env(monkeypatch):
 @contextmanager
 def local_ray(*, num_cpus: int, resources: dict[str, float], runtime_env=None) -> Iterator:
     """A Ray cluster of its own on this machine (never one another process started), shut down
-    after use; yields the ``ray`` module. ``runtime_env``: the job's (its actors inherit it)."""
+    after use; yields the ``ray`` module. ``runtime_env``: the job's (its actors inherit it).
+
+    Its head runs as the local cloud's do (provisioners/local/cluster.py): no log monitor or
+    autoscaler monitor, which ``ray.init`` would start and nothing here reads."""
     import ray
+    import ray.cluster_utils
+
+    from provisioners.local.cluster import QUIET_NODE
 
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(
-        address="local",
-        num_cpus=num_cpus,
-        resources=resources,
-        include_dashboard=False,
-        log_to_driver=False,
-        runtime_env=runtime_env,
+    cluster = ray.cluster_utils.Cluster(
+        initialize_head=True,
+        head_node_args={
+            "num_cpus": num_cpus,
+            "resources": resources,
+            "include_dashboard": False,
+            "no_monitor": True,
+            **QUIET_NODE,
+        },
     )
     try:
-        yield ray
+        ray.init(address=cluster.address, log_to_driver=False, runtime_env=runtime_env)
+        try:
+            yield ray
+        finally:
+            ray.shutdown()
     finally:
-        ray.shutdown()
+        cluster.shutdown()
 
 
 class ReusedWorkers:

@@ -4,12 +4,11 @@ bit for bit (tiny GPT, 2 stages x 2 replicas, on a local Ray cluster)."""
 
 from __future__ import annotations
 
-import os
 import threading
 
 import pytest
 
-from tests.integration.conftest import FAKE_AWS, reused_workers
+from tests.integration.conftest import FAKE_AWS, local_ray, reused_workers
 
 torch = pytest.importorskip("torch")
 
@@ -234,19 +233,9 @@ CORPUS_BYTES = 2**18
 
 @pytest.fixture(scope="module")
 def workers():
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(
-        address="local",  # a cluster of its own, never one another process started
-        num_cpus=4,
-        resources={f"infra:{A1}": 2, f"infra:{A2}": 2},
-        include_dashboard=False,
-        log_to_driver=False,
-    )
-    with reused_workers() as workers:  # each _train takes the last one's workers
-        yield workers
-    ray.shutdown()
+    with local_ray(num_cpus=4, resources={f"infra:{A1}": 2, f"infra:{A2}": 2}):
+        with reused_workers() as workers:  # each _train takes the last one's workers
+            yield workers
 
 
 def _layout(layers=((0, 3), (3, 6)), places=(A1, A2)):

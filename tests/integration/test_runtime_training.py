@@ -4,8 +4,6 @@ actors placed in their locations."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 
 pytest.importorskip("torch")
@@ -16,7 +14,7 @@ from runtime.data.text import ByteCorpus  # noqa: E402
 from runtime.models.specs import model_spec  # noqa: E402
 from runtime.reference import TrainConfig, reference_losses  # noqa: E402
 from runtime.stage import one_f_one_b  # noqa: E402
-from tests.integration.conftest import reused_workers  # noqa: E402
+from tests.integration.conftest import local_ray, reused_workers  # noqa: E402
 
 A1, A2, B1 = "local/sim-us/sim-us-a", "local/sim-us/sim-us-b", "local/sim-eu/sim-eu-a"
 A3 = "local/sim-us/sim-us-c"  # two slots: a place a test fills whole with few workers
@@ -43,18 +41,10 @@ def test_one_f_one_b_order():
 
 @pytest.fixture(scope="module")
 def ray_cluster():
-    import ray
-
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    ray.init(
-        address="local",  # a cluster of its own, never one another process started
-        num_cpus=8,  # the module's reused group and a test's group of its own beside it
-        resources={f"infra:{A1}": 4, f"infra:{A2}": 4, f"infra:{B1}": 4, f"infra:{A3}": 2},
-        include_dashboard=False,
-        log_to_driver=False,
-    )
-    yield ray
-    ray.shutdown()
+    places = {f"infra:{A1}": 4, f"infra:{A2}": 4, f"infra:{B1}": 4, f"infra:{A3}": 2}
+    # 8 CPUs: the module's reused group and a test's group of its own beside it
+    with local_ray(num_cpus=8, resources=places) as ray:
+        yield ray
 
 
 @pytest.fixture(scope="module")
