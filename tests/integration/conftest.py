@@ -45,23 +45,30 @@ NAMESPACES = frozenset(
         "test_overlay",
     }
 )
-# Every other module that starts Ray (the runtime, local-cloud jobs) is a unit of its own: its
-# module-scoped cluster serves all its tests on one worker. The adapters' tests against fakes
-# and in-memory servers are a unit per test and fill in around them.
+# The runtime modules whose groups need nothing but places and slots share one Ray cluster and one
+# pool of workers (``shared_runtime``): one unit, so they run one after another in one process.
+RUNTIME = frozenset(
+    {
+        "test_checkpoint",
+        "test_plan_shapes",
+        "test_runtime_models",
+        "test_runtime_tensor_parallel",
+        "test_runtime_training",
+    }
+)
+# Every other module that starts Ray (the runtime's failures and takeovers, which kill workers and
+# count named actors; local-cloud jobs) is a unit of its own: its module-scoped cluster serves all
+# its tests on one worker. The adapters' tests against fakes and in-memory servers are a unit per
+# test and fill in around them.
 RAY = frozenset(
     {
         "test_chaos",
-        "test_checkpoint",
         "test_gpu_runtime",
         "test_local_gateway",
         "test_local_provisioner",
         "test_own_models_submit",
-        "test_plan_shapes",
         "test_runtime_failures",
-        "test_runtime_models",
         "test_runtime_takeover",
-        "test_runtime_tensor_parallel",
-        "test_runtime_training",
         "test_straggler",
         "test_terminal",
     }
@@ -72,18 +79,14 @@ RAY = frozenset(
 # never a result.
 UNIT_S = {
     "namespaces": 510,
+    "runtime": 250,
     "test_chaos": 180,
     "test_own_models_submit": 150,
-    "test_runtime_training": 100,
     "test_terminal": 85,
     "test_straggler": 80,
-    "test_checkpoint": 70,
-    "test_runtime_tensor_parallel": 65,
     "test_bench_runtime_vs_torch": 55,
-    "test_plan_shapes": 50,
     "test_runtime_takeover": 45,
     "test_runtime_failures": 40,
-    "test_runtime_models": 30,
     "test_local_provisioner": 25,
 }
 
@@ -92,19 +95,22 @@ def _module(nodeid: str) -> str:
     return nodeid.split("::", 1)[0].rsplit("/", 1)[-1].removesuffix(".py")
 
 
+def _group(module: str) -> str:
+    return "namespaces" if module in NAMESPACES else "runtime" if module in RUNTIME else module
+
+
 def _unit(nodeid: str) -> str:
-    """The unit of work a test belongs to under xdist: ``namespaces``, its module (a Ray
-    module), or the test itself."""
+    """The unit of work a test belongs to under xdist: ``namespaces``, ``runtime``, its module
+    (a Ray module), or the test itself."""
     module = _module(nodeid)
-    if module in NAMESPACES:
-        return "namespaces"
+    if module in NAMESPACES or module in RUNTIME:
+        return _group(module)
     return module if module in RAY else nodeid
 
 
 def _unit_s(nodeid: str) -> float:
     """The seconds of the test's unit (of its module, for a test that is a unit alone)."""
-    module = _module(nodeid)
-    return UNIT_S.get("namespaces" if module in NAMESPACES else module, 0.0)
+    return UNIT_S.get(_group(_module(nodeid)), 0.0)
 
 
 def pytest_collection_modifyitems(config, items) -> None:
@@ -216,3 +222,64 @@ def reused_workers() -> Iterator[ReusedWorkers]:
         yield workers
     finally:
         workers.shutdown()
+
+
+# The shared runtime cluster: every place the RUNTIME modules name, with the slots the largest of
+# their groups needs (8) beside a test's own group of 2; their users' packages shipped to every
+# worker (one runtime_env, so that any worker can be reused by any module).
+SHARED_PLACES = {
+    "local/sim-us/sim-us-a": 8,
+    "local/sim-us/sim-us-b": 8,
+    "local/sim-eu/sim-eu-a": 8,
+    "local/sim-us/sim-us-c": 2,
+}
+USER_MODELS = os.path.join(os.path.dirname(os.path.dirname(__file__)), "fixtures", "usermodels")
+SHARED_PACKAGES = ("llama_lm", "tiny_lm")
+
+
+class SharedRuntime:
+    """One Ray cluster and one ``ReusedWorkers`` pool for the RUNTIME modules of this process,
+    made by the first test that asks and shut down before any test of another module runs (which
+    may start a cluster of its own: one Ray connection per process) or at the session's end."""
+
+    def __init__(self) -> None:
+        self._cluster = None  # the entered local_ray context
+        self.workers: ReusedWorkers | None = None
+
+    def get(self) -> ReusedWorkers:
+        if self.workers is None:
+            shipped = {"py_modules": [os.path.join(USER_MODELS, p) for p in SHARED_PACKAGES]}
+            resources = {f"infra:{place}": float(n) for place, n in SHARED_PLACES.items()}
+            cluster = local_ray(num_cpus=10, resources=resources, runtime_env=shipped)
+            cluster.__enter__()
+            self._cluster, self.workers = cluster, ReusedWorkers()
+        return self.workers
+
+    def close(self) -> None:
+        if self.workers is not None:
+            workers, cluster, self.workers, self._cluster = self.workers, self._cluster, None, None
+            try:
+                workers.shutdown()
+            finally:
+                cluster.__exit__(None, None, None)
+
+
+SHARED = SharedRuntime()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item) -> None:
+    """A test outside the RUNTIME modules first closes their shared cluster, if up (before its
+    fixtures start a cluster of their own)."""
+    if _module(item.nodeid) not in RUNTIME:
+        SHARED.close()
+
+
+def pytest_sessionfinish(session) -> None:
+    SHARED.close()
+
+
+@pytest.fixture(scope="module")
+def shared_workers() -> ReusedWorkers:
+    """The RUNTIME modules' pool of workers on their shared cluster (``SharedRuntime``)."""
+    return SHARED.get()

@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from tests.integration.conftest import FAKE_AWS, local_ray, reused_workers
+from tests.integration.conftest import FAKE_AWS
 
 torch = pytest.importorskip("torch")
 
@@ -232,10 +232,9 @@ CORPUS_BYTES = 2**18
 
 
 @pytest.fixture(scope="module")
-def workers():
-    with local_ray(num_cpus=4, resources={f"infra:{A1}": 2, f"infra:{A2}": 2}):
-        with reused_workers() as workers:  # each _train takes the last one's workers
-            yield workers
+def workers(shared_workers):
+    """Each _train takes the last group's workers: the runtime modules' shared pool."""
+    return shared_workers
 
 
 def _layout(layers=((0, 3), (3, 6)), places=(A1, A2)):

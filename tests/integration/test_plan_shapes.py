@@ -25,7 +25,6 @@ from orchestrator.planner.search import SearchOptions  # noqa: E402
 from orchestrator.recipe import parse_recipe  # noqa: E402
 from runtime.reference import TrainConfig, workload_losses  # noqa: E402
 from runtime.workload import build_workload  # noqa: E402
-from tests.integration.conftest import local_ray, reused_workers  # noqa: E402
 
 A1, A2, B1 = "local/sim-us/sim-us-a", "local/sim-us/sim-us-b", "local/sim-eu/sim-eu-a"
 MODEL = "gpt-tiny"  # 6 layers: embedding, 4 blocks, head; 4 heads
@@ -98,11 +97,9 @@ SHAPES = {
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    places = {A1: 8, A2: 8, B1: 8}
-    with local_ray(num_cpus=8, resources={f"infra:{p}": n for p, n in places.items()}):
-        with reused_workers() as workers:
-            yield workers
+def cluster(shared_workers):
+    """The runtime modules' shared pool of workers (conftest.SharedRuntime)."""
+    return shared_workers
 
 
 @pytest.fixture(scope="module")

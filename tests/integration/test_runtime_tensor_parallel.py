@@ -18,7 +18,7 @@ from orchestrator.plan import Plan, Replica, check_plan  # noqa: E402
 from runtime.models.protocol import ModelSource  # noqa: E402
 from runtime.reference import TrainConfig, workload_losses  # noqa: E402
 from runtime.workload import build_workload  # noqa: E402
-from tests.integration.conftest import SMALL_GPT2, local_ray, reused_workers  # noqa: E402
+from tests.integration.conftest import SMALL_GPT2  # noqa: E402
 
 A1, B1 = "local/sim-us/sim-us-a", "local/sim-eu/sim-eu-a"
 CONFIG = TrainConfig(
@@ -35,18 +35,10 @@ RELATIVE_TOLERANCE = 1e-5
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    shipped = {"py_modules": [str(USER_PACKAGE)]}
-    with local_ray(
-        num_cpus=8, resources={f"infra:{A1}": 8, f"infra:{B1}": 8}, runtime_env=shipped
-    ) as ray:
-        yield ray
-
-
-@pytest.fixture(scope="module")
-def workers(ray_cluster):
-    with reused_workers() as pool:
-        yield pool
+def workers(shared_workers):
+    """The runtime modules' shared pool (conftest.SharedRuntime), whose workers Ray ships this
+    module's user package to."""
+    return shared_workers
 
 
 def _plan(layers, pipelines: list[list[tuple[str, int]]]) -> Plan:

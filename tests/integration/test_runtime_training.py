@@ -14,7 +14,6 @@ from runtime.data.text import ByteCorpus  # noqa: E402
 from runtime.models.specs import model_spec  # noqa: E402
 from runtime.reference import TrainConfig, reference_losses  # noqa: E402
 from runtime.stage import one_f_one_b  # noqa: E402
-from tests.integration.conftest import local_ray, reused_workers  # noqa: E402
 
 A1, A2, B1 = "local/sim-us/sim-us-a", "local/sim-us/sim-us-b", "local/sim-eu/sim-eu-a"
 A3 = "local/sim-us/sim-us-c"  # two slots: a place a test fills whole with few workers
@@ -40,18 +39,17 @@ def test_one_f_one_b_order():
 
 
 @pytest.fixture(scope="module")
-def ray_cluster():
-    places = {f"infra:{A1}": 4, f"infra:{A2}": 4, f"infra:{B1}": 4, f"infra:{A3}": 2}
-    # 8 CPUs: the module's reused group and a test's group of its own beside it
-    with local_ray(num_cpus=8, resources=places) as ray:
-        yield ray
+def workers(shared_workers):
+    """Each test's group is made of the last one's workers (conftest.ReusedWorkers), on the
+    runtime modules' shared cluster (conftest.SharedRuntime: A3 has 2 slots)."""
+    return shared_workers
 
 
 @pytest.fixture(scope="module")
-def workers(ray_cluster):
-    """Each test's group is made of the last one's workers (conftest.ReusedWorkers)."""
-    with reused_workers() as pool:
-        yield pool
+def ray_cluster(shared_workers):
+    import ray
+
+    return ray
 
 
 @pytest.fixture(scope="module")
