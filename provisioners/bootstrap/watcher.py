@@ -129,27 +129,23 @@ def own_node_id(ray_address: str, node_ip: str) -> str | None:
 
 def _drain_with_ray(ray_address: str, node_ip: str) -> Callable[[Notice], None]:
     def drain(notice: Notice) -> None:
-        remaining = max(1, int(notice.deadline_s - time.time()))
-        # the node by id: without one, `ray drain-node` drains the node its own driver landed on
-        node_id = own_node_id(ray_address, node_ip)
-        if node_id is None:
-            log.error("no live Ray node at %s to drain", node_ip)
-            return
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "ray.scripts.scripts",
-                "drain-node",
-                f"--address={ray_address}",
-                f"--node-id={node_id}",
-                "--reason=DRAIN_NODE_REASON_PREEMPTION",
-                f"--reason-message={notice.text}",
-                f"--deadline-remaining-seconds={remaining}",
-            ],
-            check=False,
-            timeout=30,
-        )
+        import ray.exceptions
+
+        from provisioners.local.cluster import drain_for_preemption
+
+        # in this process, through the GCS client: a `ray drain-node` process would first import
+        # Ray (~2 s of CPU), which on a loaded host can outlast a short notice
+        try:
+            # the node by id: without one, a drain would name the node its own driver landed on
+            node_id = own_node_id(ray_address, node_ip)
+            if node_id is None:
+                log.error("no live Ray node at %s to drain", node_ip)
+                return
+            # the deadline at least a second ahead, as `ray drain-node` rounds it
+            deadline_s = max(notice.deadline_s, time.time() + 1.0)
+            drain_for_preemption(ray_address, node_id, deadline_s=deadline_s, message=notice.text)
+        except (ray.exceptions.RayError, OSError) as error:
+            log.error("draining this node for its preemption failed: %s", error)
 
     return drain
 

@@ -248,7 +248,7 @@ def drain_for_preemption(address: str, node_id: str, *, deadline_s: float, messa
         int(deadline_s * 1000),
     )
     if not accepted:
-        log.warning("local cloud: drain of %s refused: %s", node_id, why)
+        log.warning("drain of Ray node %s refused: %s", node_id, why)
     return bool(accepted)
 
 
