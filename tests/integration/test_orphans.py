@@ -25,6 +25,7 @@ HEALTH_CHECK_S = (
     HEALTH_CHECK["health_check_period_ms"] * HEALTH_CHECK["health_check_failure_threshold"] / 1000
 )
 SLACK_S = 3.0  # a loaded 2-core machine; the reaper needs about 0.2 s
+FORKSERVER_SLACK_S = 10.0  # Ray's dashboard forkserver, which ends by itself after its parent
 START_TIMEOUT_S = 60.0  # from submit to its first committed step
 NETNS_START_TIMEOUT_S = 150.0  # the same, three VMs booted first
 FINISH_TIMEOUT_S = 60.0
@@ -75,9 +76,12 @@ def test_a_killed_submit_leaves_no_process_and_spares_the_job_beside_it(tmp_path
         daemons = beside.daemons()  # its GCS, raylets...: what the other reaper must not touch
         assert daemons and set(_running(daemons)) == set(daemons)
         assert beside.process.wait(timeout=FINISH_TIMEOUT_S) == 0, beside.stderr()
-        # the dashboard's forkserver ends on its own once its parent is gone: a moment, no more
-        left = _wait_gone(spared, SLACK_S)
-        assert not left, f"{len(left)} still running {SLACK_S} s after submit's exit: {left}"
+        # the dashboard's forkserver ends on its own once its parent is gone: a moment on a quiet
+        # host, more than 3 s once on a loaded one (2026-12-07), so it gets a slack of its own
+        left = _wait_gone(spared, FORKSERVER_SLACK_S)
+        assert not left, (
+            f"{len(left)} still running {FORKSERVER_SLACK_S} s after submit's exit: {left}"
+        )
         assert not beside.processes()
 
 
