@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import pytest
 
@@ -103,9 +103,7 @@ def _unit(nodeid: str) -> str:
     """The unit of work a test belongs to under xdist: ``namespaces``, ``runtime``, its module
     (a Ray module), or the test itself."""
     module = _module(nodeid)
-    if module in NAMESPACES or module in RUNTIME:
-        return _group(module)
-    return module if module in RAY else nodeid
+    return _group(module) if module in NAMESPACES | RUNTIME | RAY else nodeid
 
 
 def _unit_s(nodeid: str) -> float:
@@ -243,25 +241,23 @@ class SharedRuntime:
     may start a cluster of its own: one Ray connection per process) or at the session's end."""
 
     def __init__(self) -> None:
-        self._cluster = None  # the entered local_ray context
+        self._up: ExitStack | None = None  # the cluster and the pool, closed in reverse order
         self.workers: ReusedWorkers | None = None
 
     def get(self) -> ReusedWorkers:
         if self.workers is None:
             shipped = {"py_modules": [os.path.join(USER_MODELS, p) for p in SHARED_PACKAGES]}
             resources = {f"infra:{place}": float(n) for place, n in SHARED_PLACES.items()}
-            cluster = local_ray(num_cpus=10, resources=resources, runtime_env=shipped)
-            cluster.__enter__()
-            self._cluster, self.workers = cluster, ReusedWorkers()
+            with ExitStack() as up:
+                up.enter_context(local_ray(num_cpus=10, resources=resources, runtime_env=shipped))
+                self.workers = up.enter_context(reused_workers())
+                self._up = up.pop_all()
         return self.workers
 
     def close(self) -> None:
-        if self.workers is not None:
-            workers, cluster, self.workers, self._cluster = self.workers, self._cluster, None, None
-            try:
-                workers.shutdown()
-            finally:
-                cluster.__exit__(None, None, None)
+        if self._up is not None:
+            up, self._up, self.workers = self._up, None, None
+            up.close()
 
 
 SHARED = SharedRuntime()

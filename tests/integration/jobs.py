@@ -131,7 +131,7 @@ def assert_fault_free_losses(state: dict, recipe_text: str, folder, *, first_fau
         reference = fault_free_losses(state["plan"], recipe_text, again)
         apart = _apart(losses, reference)
     if not apart or apart[0][0] >= first_fault:
-        assert max((rel for _, rel in apart), default=0.0) <= LOSS_REL_TOLERANCE, _say(apart)
+        assert_same_losses(losses, reference)
         return
     parted = f"the job parted from its fault-free run before any fault: {_say(apart)}"
     warnings.warn(parted, stacklevel=2)
