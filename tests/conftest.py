@@ -23,6 +23,24 @@ def pytest_configure(config) -> None:
         except ImportError:
             return
         torch.set_num_threads(1)
+    # xdist's `load` scheduler deals each worker a quarter of its share up front, in collection
+    # order; one test at a time instead, so that the slow tests put first (below) spread over both
+    # workers and a long test never starts last, beside an idle worker. (`loadscope`, which the
+    # integration tier's conftest uses, does not read this option.)
+    if getattr(config.option, "maxschedchunk", "absent") is None:
+        config.option.maxschedchunk = 1
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """The unit and fuzz tiers' ``slow`` tests first (stable otherwise): under xdist they then
+    run first, each on whichever worker is free, and the many short tests fill in after them.
+    The integration tier orders its own tests (its conftest); its items keep their places."""
+    integration = REPO / "tests" / "integration"
+
+    def later(item) -> bool:
+        return item.path.is_relative_to(integration) or item.get_closest_marker("slow") is None
+
+    items.sort(key=later)
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,7 @@ traceback; 1 a job that ended without finishing (``submit``: failed or stopped).
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -61,6 +62,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# Built once per process: nothing in it changes after it is built (no custom actions; parsing
+# writes only to the namespace it returns), and building it costs more than parsing. Tests and
+# the fuzz campaign call ``main`` thousands of times. ``_parser.cache_clear()`` drops it.
+_parser = functools.cache(build_parser)
+
+
 class Terminated(KeyboardInterrupt):
     """SIGTERM, taken as Ctrl-C is: a followed job is asked to stop cleanly first (local.py)."""
 
@@ -87,7 +94,7 @@ def run() -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit code."""
-    args = build_parser().parse_args(argv)
+    args = _parser().parse_args(argv)
     try:
         # the packaged catalog is read once per process (tests and the fuzz campaign call main
         # many times)

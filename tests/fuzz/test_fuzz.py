@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.fuzz.campaign import RUN_LIMIT_S, summary
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,6 +24,7 @@ MAX_WALL_S = 120.0  # on CI's 2-core machine
 MAX_PEAK_RSS_MIB = 1024.0
 
 
+@pytest.mark.slow  # a 2,000-input sweep (~40 s): the unit tiers run it first
 def test_no_input_gives_a_traceback_a_hang_or_a_bad_exit_code(tmp_path):
     # Hypothesis keeps caches beside its database: in a temporary folder, not the working tree
     env = {**os.environ, "HYPOTHESIS_STORAGE_DIRECTORY": str(tmp_path / "hypothesis")}
