@@ -228,7 +228,7 @@ def follow_job(folder: Path, terminal: Terminal, *, stop: threading.Event | None
     """Print a job's events (those so far, then each as it comes), a line per 10th step and its
     workers' output until it ends; its final phase, or why following stopped."""
     from orchestrator.driver.bucket import RECORD_FILE
-    from orchestrator.driver.hosts import refresh
+    from orchestrator.driver.hosts import BucketReader
     from orchestrator.driver.lock import holder
     from orchestrator.driver.metrics import METRICS_FILE, parse_row
     from orchestrator.driver.state import FINAL_PHASES, StateCorrupt, StateStore
@@ -238,9 +238,10 @@ def follow_job(folder: Path, terminal: Terminal, *, stop: threading.Event | None
     workers = WorkerOutput(folder, from_start=False)
     stop = stop or threading.Event()
     kept, hosted = -1, (folder / RECORD_FILE).exists()  # hosted: its controller runs in a cloud
+    pull = BucketReader(folder)
     for cycle in itertools.count():
         if hosted and cycle % HOSTED_EVERY == 0:
-            refresh(folder)  # its files, from its bucket
+            pull()  # its files, from its bucket
         for event in events.read():
             text = event_text(event)
             if text is not None:

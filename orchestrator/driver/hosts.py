@@ -326,26 +326,46 @@ def bucket_of(folder: Path) -> JobBucket | None:
 
 
 def refresh(folder: Path) -> None:
-    """The laptop's copy of a hosted job's state brought up to date from its bucket; a bucket
-    that does not answer leaves the copy as it was, with a note."""
-    from runtime.storage import StoreError
+    """The laptop's copy of a hosted job's state brought up to date from its bucket, once; a
+    bucket that does not answer leaves the copy as it was, with a note."""
+    BucketReader(folder)()
 
-    record = BucketRecord.load(folder)
-    if record is None:
-        return
-    if record.api_netns:
-        from provisioners.local import netns
 
-        if record.api_netns not in netns.namespaces():  # its emulated cloud was taken down
-            say(
-                f"note: job {folder.name}: the emulated {record.provider} that holds its bucket "
-                "is down; its last state here"
-            )
+class BucketReader:
+    """Brings the laptop's copy of a hosted job's state up to date from its bucket each time it
+    is called, for those that read it again and again (``logs -f``). The bucket is opened on the
+    first call and kept: opening makes an SDK client, ~0.1 CPU-s for boto3, most of a read's
+    cost. It is opened afresh after a read that failed or when the job's record changed."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self._opened: tuple[BucketRecord, JobBucket] | None = None
+
+    def __call__(self) -> None:
+        from runtime.storage import StoreError
+
+        record = BucketRecord.load(self.folder)
+        if record is None:
             return
-    try:
-        JobBucket.open(record, **bucket_auth(record)).pull(folder, FOLLOWED)
-    except (StoreError, OSError) as error:
-        say(f"note: job {folder.name}: its bucket did not answer ({error}); its last state here")
+        if record.api_netns:
+            from provisioners.local import netns
+
+            if record.api_netns not in netns.namespaces():  # its emulated cloud was taken down
+                say(
+                    f"note: job {self.folder.name}: the emulated {record.provider} that holds "
+                    "its bucket is down; its last state here"
+                )
+                return
+        try:
+            if self._opened is None or self._opened[0] != record:
+                self._opened = (record, JobBucket.open(record, **bucket_auth(record)))
+            self._opened[1].pull(self.folder, FOLLOWED)
+        except (StoreError, OSError) as error:
+            self._opened = None  # its keys or its cloud may have changed: open it again
+            say(
+                f"note: job {self.folder.name}: its bucket did not answer ({error}); its last "
+                "state here"
+            )
 
 
 def ask_stop(folder: Path) -> None:

@@ -78,16 +78,16 @@ RAY = frozenset(
 # end at about the same time (an unlisted unit counts as short). A stale figure costs wall time,
 # never a result.
 UNIT_S = {
-    "namespaces": 510,
-    "runtime": 250,
-    "test_chaos": 180,
-    "test_own_models_submit": 150,
-    "test_terminal": 85,
-    "test_straggler": 80,
-    "test_bench_runtime_vs_torch": 55,
-    "test_runtime_takeover": 45,
-    "test_runtime_failures": 40,
-    "test_local_provisioner": 25,
+    "namespaces": 425,
+    "runtime": 210,
+    "test_own_models_submit": 115,
+    "test_chaos": 105,
+    "test_terminal": 90,
+    "test_straggler": 55,
+    "test_bench_runtime_vs_torch": 35,
+    "test_runtime_takeover": 35,
+    "test_local_provisioner": 15,
+    "test_runtime_failures": 15,
 }
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.driver.hosts import refresh
+from orchestrator.driver.hosts import BucketReader
 from provisioners.local import netns, vms
 from tests.integration.jobs import until
 
@@ -90,16 +90,17 @@ def test_the_job_outlives_its_controller_and_its_submitter(tmp_path, monkeypatch
     text = RECIPE.replace("CHECKPOINTS", str(tmp_path / "checkpoints"))
     recipe.write_text(text.replace("PROVIDER", provider).replace("LOCATION", location))
     folder = home / "jobs" / JOB
+    refresh = BucketReader(folder)  # as status and logs -f read it (one client for every poll)
 
     def state() -> dict:
-        refresh(folder)  # from the job's bucket, as status does
+        refresh()  # from the job's bucket
         try:
             return json.loads((folder / "state.json").read_text())["state"]
         except (OSError, ValueError, KeyError):
             return {}
 
     def events() -> list[dict]:
-        refresh(folder)
+        refresh()
         path = folder / "events.jsonl"
         return [json.loads(line) for line in path.open()] if path.exists() else []
 

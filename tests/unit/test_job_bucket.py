@@ -85,3 +85,54 @@ def test_a_hosted_jobs_state_stays_when_its_emulated_cloud_is_down(tmp_path, cap
     refresh(tmp_path)
     assert (tmp_path / "state.json").read_text() == "{}"
     assert "the emulated aws that holds its bucket is down" in capsys.readouterr().err
+
+
+def test_a_reader_opens_the_bucket_once_and_afresh_after_a_failure_or_a_new_record(
+    tmp_path, monkeypatch, capsys
+):
+    """``logs -f`` reads a hosted job's bucket every few seconds: one SDK client for all the
+    reads, a new one after a read that failed (keys or cloud may have changed) or for a record
+    that names another bucket."""
+    from orchestrator.driver.hosts import BucketReader
+    from runtime.storage import StoreError
+
+    laptop = tmp_path / "laptop"
+    laptop.mkdir()
+    first, second = LocalStore(tmp_path / "first"), LocalStore(tmp_path / "second")
+    first.put("state.json", b'{"step": 1}')
+    BucketRecord(url=str(tmp_path / "first"), provider="aws", region="r").save(laptop)
+    opened, failing = [], []
+    real_open, real_pull = JobBucket.open.__func__, JobBucket.pull
+
+    def counting_open(cls, record, **auth):
+        opened.append(record.url)
+        return real_open(cls, record, **auth)
+
+    def pull(self, folder, names=None):
+        if failing:
+            raise StoreError(failing.pop())
+        return real_pull(self, folder, names)
+
+    monkeypatch.setattr(JobBucket, "open", classmethod(counting_open))
+    monkeypatch.setattr(JobBucket, "pull", pull)
+    read = BucketReader(laptop)
+    read()
+    first.put("state.json", b'{"step": 2}')
+    read()
+    assert (laptop / "state.json").read_text() == '{"step": 2}'
+    assert opened == [str(tmp_path / "first")]
+
+    failing.append("s3 get_object of 'state.json' failed (ExpiredToken)")
+    first.put("state.json", b'{"step": 3}')
+    read()  # noted; the copy stays as it was
+    assert "its bucket did not answer" in capsys.readouterr().err
+    assert (laptop / "state.json").read_text() == '{"step": 2}'
+    read()
+    assert (laptop / "state.json").read_text() == '{"step": 3}'
+    assert len(opened) == 2  # opened afresh after the failure
+
+    second.put("state.json", b'{"step": 9}')
+    BucketRecord(url=str(tmp_path / "second"), provider="aws", region="r").save(laptop)
+    read()
+    assert (laptop / "state.json").read_text() == '{"step": 9}'
+    assert opened[-1] == str(tmp_path / "second") and len(opened) == 3
