@@ -33,7 +33,8 @@ from orchestrator.names import default_job_name, job_name_problem
 from orchestrator.recipe import load_recipe
 from orchestrator.recipe.schema import Recipe
 
-HOME_VARIABLE = "GEO_ORCHESTRATOR_HOME"
+# the first one set names the home; the short name is what users try first
+HOME_VARIABLES = ("GEO_ORCHESTRATOR_HOME", "ORCHESTRATOR_HOME")
 
 
 def ask_to_stop(folder: Path) -> None:
@@ -43,10 +44,10 @@ def ask_to_stop(folder: Path) -> None:
 
 
 def jobs_home() -> Path:
-    """Where jobs live unless ``--jobs-dir`` says otherwise: ``$GEO_ORCHESTRATOR_HOME/jobs``, else
-    ``~/.orchestrator/jobs``: one place per user, so ``status``, ``logs``, ``stop`` and ``down``
-    find a job from any folder and any shell."""
-    home = os.environ.get(HOME_VARIABLE)
+    """Where jobs live unless ``--jobs-dir`` says otherwise: ``$GEO_ORCHESTRATOR_HOME/jobs`` (or
+    ``$ORCHESTRATOR_HOME/jobs``), else ``~/.orchestrator/jobs``: one place per user, so
+    ``status``, ``logs``, ``stop`` and ``down`` find a job from any folder and any shell."""
+    home = next((os.environ[name] for name in HOME_VARIABLES if os.environ.get(name)), None)
     return (Path(home) if home else Path.home() / ".orchestrator") / "jobs"
 
 

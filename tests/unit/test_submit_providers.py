@@ -138,11 +138,14 @@ def test_jobs_live_in_one_home_per_user_whatever_the_folder(monkeypatch, tmp_pat
     from orchestrator.driver.job import jobs_home
 
     monkeypatch.delenv("GEO_ORCHESTRATOR_HOME", raising=False)
+    monkeypatch.delenv("ORCHESTRATOR_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "me"))
     monkeypatch.chdir(tmp_path)
     assert jobs_home() == tmp_path / "me" / ".orchestrator" / "jobs"
+    monkeypatch.setenv("ORCHESTRATOR_HOME", str(tmp_path / "short"))
+    assert jobs_home() == tmp_path / "short" / "jobs"
     monkeypatch.setenv("GEO_ORCHESTRATOR_HOME", str(tmp_path / "shared"))
-    assert jobs_home() == tmp_path / "shared" / "jobs"
+    assert jobs_home() == tmp_path / "shared" / "jobs"  # the package's own name first
 
 
 def test_the_program_ends_on_ctrl_c_and_sigterm_with_one_line_and_its_cleanups(monkeypatch, capsys):
