@@ -227,12 +227,14 @@ class Plan:
                 order += [k] * count
             kinds.append(tuple(zip(index, counts, strict=True)))
             kind_of.append(tuple(order))
-        first, groups = 0, []
-        for count, _ in pipelines:
-            groups.append((first, count))
-            first += count
         if plan.pipeline_microbatches is None:  # equal shares: each kind of pipeline runs alike
-            plan.__dict__["_shape"] = (tuple(kinds), tuple(kind_of), tuple(groups))
+            first, groups = 0, []
+            for count, _ in pipelines:
+                groups.append((first, count))
+                first += count
+        else:
+            groups = _share_groups(pipelines, kind_of, plan.microbatches())
+        plan.__dict__["_shape"] = (tuple(kinds), tuple(kind_of), tuple(groups))
         return plan
 
     @_cached
@@ -465,3 +467,22 @@ def _check_batch(plan: Plan, fail) -> None:
             f"needs {plan.dp_degree} positive counts adding up to {total}, got {list(shares)}",
             f"give one count per pipeline, summing to {total}",
         )
+
+
+def _share_groups(
+    pipelines: Sequence[tuple[int, Sequence[Replica]]],
+    kind_of: Sequence[Sequence[int]],
+    micro: Sequence[int],
+) -> list[tuple[int, int]]:
+    """``Plan.pipeline_groups`` of a plan built from ``pipelines`` with unequal shares: replicas
+    of one kind of pipeline that run as many microbatches form one group, in order of their first
+    replica, as ``Plan._shape`` finds them; without hashing every replica of every stage (the
+    planner builds thousands of such plans per search)."""
+    groups: dict[tuple, list[int]] = {}
+    first = 0
+    for count, _ in pipelines:
+        kinds = tuple(column[first] for column in kind_of)  # the same for each of these replicas
+        for i in range(first, first + count):
+            groups.setdefault((micro[i], kinds), []).append(i)
+        first += count
+    return [(members[0], len(members)) for members in groups.values()]

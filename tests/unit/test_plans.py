@@ -253,3 +253,30 @@ def test_simulate_rejects_another_batch(tmp_path, capsys):
     )
     assert main(["simulate", str(SAILOR_RECIPE), "--plan", str(write(tmp_path, text))]) == 2
     assert "differs from the recipe's 1024" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "shares, groups",
+    [
+        ((5, 5, 5, 5, 4), ((0, 2), (2, 2), (4, 1))),
+        # replicas 1 and 4: the same kind of pipeline and as many microbatches, though built
+        # from two entries of the list
+        ((6, 4, 5, 5, 4), ((0, 1), (1, 2), (2, 2))),
+    ],
+)
+def test_compact_construction_with_unequal_shares_groups_as_the_expanded_plan(shares, groups):
+    a, b = (
+        Replica(gpu="A100", infra=ZONE_A),
+        Replica(gpu="V100", infra="gcp/us-central1/us-central1-b"),
+    )
+    compact = Plan.from_pipelines(
+        global_batch_size=48,
+        microbatch_size=2,
+        layers=[(0, 10), (10, 26)],
+        pipelines=[(2, [a, a]), (2, [b, a]), (1, [a, a])],
+        pipeline_microbatches=shares,
+    )
+    parsed = parse_plan(compact.to_yaml(), file="p.yaml")  # its shape found replica by replica
+    assert parsed == compact
+    assert compact.stage_kinds == parsed.stage_kinds and compact.kind_of == parsed.kind_of
+    assert compact.pipeline_groups == parsed.pipeline_groups == groups
