@@ -133,17 +133,24 @@ def test_plan_round_trips_through_its_stored_form():
         plan_from_dict({**plan.to_dict(), "pipeline_microbatches": [5, 5]})
 
 
-def test_compact_construction_matches_the_expanded_plan():
-    a, b = (
-        Replica(gpu="A100", infra=ZONE_A),
-        Replica(gpu="V100", infra="gcp/us-central1/us-central1-b"),
-    )
-    compact = Plan.from_pipelines(
+A100_A = Replica(gpu="A100", infra=ZONE_A)
+V100_B = Replica(gpu="V100", infra="gcp/us-central1/us-central1-b")
+
+
+def _compact(pipelines, **options) -> Plan:
+    """A plan of two stages (layers 0-10, 10-26) built from kinds of pipeline."""
+    return Plan.from_pipelines(
         global_batch_size=48,
         microbatch_size=2,
         layers=[(0, 10), (10, 26)],
-        pipelines=[(2, [a, a]), (1, [b, a])],
+        pipelines=pipelines,
+        **options,
     )
+
+
+def test_compact_construction_matches_the_expanded_plan():
+    a, b = A100_A, V100_B
+    compact = _compact([(2, [a, a]), (1, [b, a])])
     parsed = parse_plan(compact.to_yaml(), file="p.yaml")
     assert parsed == compact
     assert compact.stage_kinds == parsed.stage_kinds and compact.kind_of == parsed.kind_of
@@ -265,17 +272,8 @@ def test_simulate_rejects_another_batch(tmp_path, capsys):
     ],
 )
 def test_compact_construction_with_unequal_shares_groups_as_the_expanded_plan(shares, groups):
-    a, b = (
-        Replica(gpu="A100", infra=ZONE_A),
-        Replica(gpu="V100", infra="gcp/us-central1/us-central1-b"),
-    )
-    compact = Plan.from_pipelines(
-        global_batch_size=48,
-        microbatch_size=2,
-        layers=[(0, 10), (10, 26)],
-        pipelines=[(2, [a, a]), (2, [b, a]), (1, [a, a])],
-        pipeline_microbatches=shares,
-    )
+    a, b = A100_A, V100_B
+    compact = _compact([(2, [a, a]), (2, [b, a]), (1, [a, a])], pipeline_microbatches=shares)
     parsed = parse_plan(compact.to_yaml(), file="p.yaml")  # its shape found replica by replica
     assert parsed == compact
     assert compact.stage_kinds == parsed.stage_kinds and compact.kind_of == parsed.kind_of
