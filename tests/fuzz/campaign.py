@@ -253,7 +253,7 @@ def campaign(examples: int, campaign_seed: int, targets: list[str]) -> dict:
     where.install()
     signal.signal(signal.SIGALRM, _on_timer)
     signal.signal(signal.SIGPROF, _on_timer)
-    report, started = Report(), time.perf_counter()
+    report, started, cpu_started = Report(), time.perf_counter(), time.process_time()
     weights = sum(TARGETS[t][0] for t in targets)
     for name in targets:
         share = max(1, round(examples * TARGETS[name][0] / weights))
@@ -263,6 +263,7 @@ def campaign(examples: int, campaign_seed: int, targets: list[str]) -> dict:
         "seed": campaign_seed,
         "inputs": sum(report.runs.values()),
         "wall_s": round(time.perf_counter() - started, 2),
+        "cpu_s": round(time.process_time() - cpu_started, 2),
         "peak_rss_mib": round(_peak_kib() / 1024, 1),
         "runs": dict(report.runs),
         "seconds_in_main": {k: round(v, 2) for k, v in report.seconds.items()},

@@ -20,11 +20,13 @@ from tests.fuzz.campaign import RUN_LIMIT_S, summary
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = 2000
 SEED = 16
-MAX_WALL_S = 120.0  # on CI's 2-core machine
+# the campaign's own CPU time (~21 s here): what other processes take of the cores does not count,
+# as it would for a wall-clock deadline
+MAX_CPU_S = 120.0
 MAX_PEAK_RSS_MIB = 1024.0
 
 
-@pytest.mark.slow  # a 2,000-input sweep (~40 s): the unit tiers run it first
+@pytest.mark.slow  # a 2,000-input sweep (20-40 s): the unit tiers run it first
 def test_no_input_gives_a_traceback_a_hang_or_a_bad_exit_code(tmp_path):
     # Hypothesis keeps caches beside its database: in a temporary folder, not the working tree
     env = {**os.environ, "HYPOTHESIS_STORAGE_DIRECTORY": str(tmp_path / "hypothesis")}
@@ -60,7 +62,7 @@ def test_no_input_gives_a_traceback_a_hang_or_a_bad_exit_code(tmp_path):
     }
     assert report["slowest"]["cpu_seconds"] < RUN_LIMIT_S
     assert report["peak_rss_mib"] < MAX_PEAK_RSS_MIB
-    assert report["wall_s"] < MAX_WALL_S
+    assert report["cpu_s"] < MAX_CPU_S
     assert not report["torch_imported"]
     # both outcomes are reached for the recipe targets: the inputs are not all rejected early
     for target in ("validate", "plan", "plan --market", "simulate --plan", "logs JOB"):
