@@ -65,7 +65,15 @@ class Catalog:
 
     @cached_property
     def network(self) -> NetworkTable:
-        return NetworkTable.load(*self._file("network/index.yaml"), self.regions)
+        table = NetworkTable.load(*self._file("network/index.yaml"), self.regions)
+        gpus = self.gpus
+
+        def canonical(name: str) -> str | None:
+            spec = gpus.find(name)
+            return None if spec is None else spec.name
+
+        table.resolve_gpus(canonical)
+        return table
 
     @cached_property
     def egress(self) -> EgressTable:

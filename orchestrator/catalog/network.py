@@ -4,6 +4,13 @@ configs/network/index.yaml names the relation defaults (the cross-region study's
 measured tables (Erben et al.'s region matrices, SAILOR's GCP zone pairs). A lookup falls back from
 a measured zone pair, to a region pair, to the relation default, separately for bandwidth and RTT,
 and the answer says which it used.
+
+What two nodes get from the network also depends on the nodes: a cloud caps a VM's egress by its
+type, and a cluster's nodes have the NICs they have. SAILOR measured its zone pairs per pair of GPU
+types (one GPU per node sending to one): A100 VMs get 2.4 GB/s within a zone where V100 VMs get 1.7,
+GH200 nodes 23 GB/s, and its RTX-3090 node 0.1 GB/s. A lookup that names the GPU types at both ends
+takes that pair's figure for exactly these two zones where the table has one (``node_pairs``), and
+falls back to the place-level lookup otherwise.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,14 +104,32 @@ class NetworkTable:
         self.zone_pairs = zone_pairs
         self.region_pairs = region_pairs
         self._zone_means = _region_means(zone_pairs)
+        # (src zone, dst zone, src GPU, dst GPU) -> a measurement between nodes of those GPU types,
+        # by the catalog's GPU names once ``resolve_gpus`` has run (the files use their own)
+        self.node_pairs: dict[tuple[Location, Location, str, str], Measurement] = {}
 
     def zones(self) -> frozenset[Location]:
         return frozenset(loc for pair in self.zone_pairs for loc in pair)
 
-    def link(self, src: Location, dst: Location) -> LinkEstimate:
-        """The link from ``src`` to ``dst`` (both region- or zone-level)."""
+    def resolve_gpus(self, canonical: Callable[[str], str | None]) -> None:
+        """Key node pairs by the catalog's GPU names (``canonical``: a file's name -> the catalog's,
+        None for a GPU the catalog does not list, whose figures are dropped)."""
+        resolved = {}
+        for (src, dst, a, b), measurement in self.node_pairs.items():
+            names = canonical(a), canonical(b)
+            if None not in names:
+                resolved[(src, dst, *names)] = measurement
+        self.node_pairs = resolved
+
+    def link(
+        self, src: Location, dst: Location, gpus: tuple[str, str] | None = None
+    ) -> LinkEstimate:
+        """The link from ``src`` to ``dst`` (both region- or zone-level); with ``gpus``, between
+        a node of the first GPU type at ``src`` and one of the second at ``dst``."""
         relation = self.regions.relation(src, dst).network
         candidates = self._candidates(src, dst)
+        if gpus is not None and self.node_pairs:
+            candidates = self._node_candidates(src, dst, gpus) + candidates
         default = ("relation default", f"relation_defaults.{relation}", self.defaults[relation])
         bw_from, bw_table, bw = next(
             (c for c in candidates if c[2].bandwidth_bytes_per_s is not None), default
@@ -124,6 +150,19 @@ class NetworkTable:
             rtt_source=rtt.source,
             curve=bw.curve,
         )
+
+    def _node_candidates(
+        self, src: Location, dst: Location, gpus: tuple[str, str]
+    ) -> list[tuple[str, str, Measurement]]:
+        if not (src.zone and dst.zone):
+            return []
+        a, b = gpus
+        found = []
+        for key in ((src, dst, a, b), (dst, src, b, a)):
+            measurement = self.node_pairs.get(key)
+            if measurement is not None:
+                found.append(("measured node pair", measurement.table, measurement))
+        return found
 
     def _candidates(self, src: Location, dst: Location) -> list[tuple[str, str, Measurement]]:
         found = []
@@ -154,13 +193,19 @@ class NetworkTable:
             top.fail(
                 ("measured",), "expected a list of measured tables", "write measured: [] if none"
             )
+        node_pairs: dict[tuple[Location, Location, str, str], Measurement] = {}
         for index in range(len(measured)):
             entry = Entry(doc, ("measured", index))
             table = _read_measured(entry, path.parent, display, sources, regions)
             for pair, measurement in table.items():
+                if len(pair) == 4:
+                    node_pairs[pair] = measurement
+                    continue
                 target = zone_pairs if pair[0].zone else region_pairs
                 target[pair] = measurement
-        return cls(regions, defaults, zone_pairs, region_pairs)
+        network = cls(regions, defaults, zone_pairs, region_pairs)
+        network.node_pairs = node_pairs
+        return network
 
 
 def _read_defaults(doc: YamlDoc, top: Entry, sources: dict[str, Source]) -> dict[str, Measurement]:
@@ -315,8 +360,30 @@ def _sailor_zones(
     if not path.is_file():
         raise CatalogError("file not found", file=display, fix="restore it from the repository")
     data = json.loads(path.read_text(encoding="utf-8"))
-    pairs: dict[tuple[Location, Location], Measurement] = {}
+    pairs: dict[tuple, Measurement] = {}
     for src_zone, by_gpu in data.items():
+        # every pair of GPU types, one GPU per node at each end: a rank's view of the link
+        for src_gpu, by_count in by_gpu.items():
+            for dst_zone, by_dst_gpu in by_count.get("1", {}).items():
+                for dst_gpu, by_dst_count in by_dst_gpu.items():
+                    entry = by_dst_count.get("1")
+                    if entry is None:
+                        continue
+                    (c2, c1, c0), cap = entry
+                    key = (
+                        _zone_location(cloud, src_zone, regions, display),
+                        _zone_location(cloud, dst_zone, regions, display),
+                        src_gpu,
+                        dst_gpu,
+                    )
+                    pairs[key] = Measurement(
+                        bandwidth_bytes_per_s=float(cap),
+                        rtt_s=None,
+                        streams=streams,
+                        table=f"{name} ({src_gpu} -> {dst_gpu})",
+                        source=source,
+                        curve=(float(c2), float(c1), float(c0)),
+                    )
         targets = by_gpu.get(gpu, {}).get(str(per_node), {})
         for dst_zone, by_dst_gpu in targets.items():
             entry = by_dst_gpu.get(gpu, {}).get(str(per_node))
@@ -335,7 +402,7 @@ def _sailor_zones(
                 source=source,
                 curve=(float(c2), float(c1), float(c0)),
             )
-    if not pairs:
+    if not any(len(pair) == 2 for pair in pairs):
         raise CatalogError(
             f"no entries for GPU {gpu} with {per_node} per node",
             file=display,

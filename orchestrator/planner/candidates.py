@@ -68,10 +68,19 @@ class LinkBounds:
     @classmethod
     def of(cls, space: SearchSpace, network: NetworkView) -> LinkBounds:
         places = sorted({r.infra for r in space.resources})
+        gpus_at: dict[str, set[str]] = {}
+        for r in space.resources:
+            gpus_at.setdefault(r.infra, set()).add(r.gpu)
         best, places_, regions_ = [], [], []
         for a in places:
             for b in places:
-                link = network.link(a, b, space.streams)
+                # between nodes of some pair of the GPU types there (a VM's type caps its network)
+                links = [
+                    network.link(a, b, space.streams, (x, y))
+                    for x in sorted(gpus_at[a])
+                    for y in sorted(gpus_at[b])
+                ]
+                link = (min(lat for lat, _ in links), max(bw for _, bw in links))
                 best.append(link)
                 if a != b:
                     places_.append(link)

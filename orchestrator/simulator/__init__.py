@@ -30,11 +30,16 @@ __all__ = [
 
 
 def views_for(
-    catalog: Catalog, market: OfferTable, *, egress_table: str | None = None
+    catalog: Catalog,
+    market: OfferTable,
+    *,
+    egress_table: str | None = None,
+    runtime: str | None = None,
 ) -> tuple[NetworkView, PriceView, SimulatorSettings]:
-    """The network, price and settings views the simulator reads, over one catalog and market."""
+    """The network, price and settings views the simulator reads, over one catalog and market;
+    ``runtime`` names another runtime than ours (configs/simulator.yaml ``runtimes:``)."""
     return (
         NetworkView(catalog),
         PriceView(catalog, market, egress_table=egress_table),
-        load_settings(catalog),
+        load_settings(catalog, runtime),
     )

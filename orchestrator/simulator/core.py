@@ -55,7 +55,7 @@ def simulate(
     """Predict ``plan`` for the model of ``profile``; raise UserError if the plan cannot run."""
     compute, stages, memory = _stage_entries(profile, plan, network, settings)
     egress: dict[tuple[str, str], float] = defaultdict(float)  # bytes per iteration
-    pipelines = _pipelines(profile, plan, compute, network, egress)
+    pipelines = _pipelines(profile, plan, compute, network, egress, settings.blocking_p2p)
     rows, terms = _stage_rows(plan, stages, pipelines, egress, settings)
     if profile.tied_elements and len(rows) > 1:
         _tied_exchange(profile, plan, rows, pipelines, egress)
@@ -198,7 +198,12 @@ PIPELINE_CACHE_SIZE = 32
 
 
 def _pipelines(
-    profile: ModelProfile, plan: Plan, compute: list[list], network: NetworkView, egress: dict
+    profile: ModelProfile,
+    plan: Plan,
+    compute: list[list],
+    network: NetworkView,
+    egress: dict,
+    blocking: bool = False,
 ) -> list[tuple]:
     """Per distinct pipeline (``Plan.pipeline_groups``), what ``_pipeline`` gives; adds each one's
     transfers (times its count) to ``egress``. A pipeline's timing depends on its microbatches, on
@@ -206,7 +211,7 @@ def _pipelines(
     on exactly these, it is computed once while it stays in the cache."""
     cache = _profile_cache(profile, "pipelines", network)
     micro, stages = plan.microbatches(), plan.stages
-    common = (plan.microbatch_size, plan.warmup, plan.streams)
+    common = (plan.microbatch_size, plan.warmup, plan.streams, blocking)
     records = []
     for i, count in plan.pipeline_groups:
         m = micro[i]
@@ -219,7 +224,7 @@ def _pipelines(
         if record is None:
             if len(cache) >= PIPELINE_CACHE_SIZE:
                 cache.clear()
-            record = cache[key] = _pipeline(profile, plan, i, m, compute, network)
+            record = cache[key] = _pipeline(profile, plan, i, m, compute, network, blocking)
         moved = m * count  # microbatches crossing each link, all such pipelines
         for pair, back, size in record[5]:
             crossing = size * moved
@@ -230,7 +235,13 @@ def _pipelines(
 
 
 def _pipeline(
-    profile: ModelProfile, plan: Plan, i: int, m: int, compute: list[list], network: NetworkView
+    profile: ModelProfile,
+    plan: Plan,
+    i: int,
+    m: int,
+    compute: list[list],
+    network: NetworkView,
+    blocking: bool = False,
 ) -> tuple:
     """Pipeline ``i`` of ``m`` microbatches: its stages' end times, period, index of the critical
     cycle, the cycle names, per link the time to send one activation, the links that cross places
@@ -240,16 +251,35 @@ def _pipeline(
     f, b, latency, fwd, bwd, sends, crossing = gather(
         compute, plan.kind_of, plan.stages, i, network.hop, plan.streams
     )
+    if blocking:
+        f, b, latency, fwd, bwd, sends = _blocking_transfers(f, b, latency, fwd, bwd)
     run, names = runner(len(f), m, plan.warmup)
     ends, period, at = run(f, b, latency, fwd, bwd, m)
     tied = None
     if profile.tied_elements and len(f) > 1:
-        a, z = plan.stages[0].replicas[i].infra, plan.stages[-1].replicas[i].infra
+        head, tail = plan.stages[0].replicas[i], plan.stages[-1].replicas[i]
+        a, z = head.infra, tail.infra
         # the first microbatch of the next iteration reaches the last stage after its forward
         # through every stage before the last and each send on
         fill = sum(map(operator.add, f, sends))
-        tied = (a, z, *network.hop(a, z, plan.streams), fill)
+        tied = (a, z, *network.hop(a, z, plan.streams, head.gpu, tail.gpu), fill)
     return ends, period, at, names, sends, crossing, tied
+
+
+def _blocking_transfers(f, b, latency, fwd, bwd) -> tuple:
+    """Stage times of a runtime whose pipeline sends and receives block both ends until the
+    transfer is done (DeepSpeed's pipeline engine, which Megatron-DeepSpeed runs: SAILOR's
+    measurements): each transfer is added to the operation at both ends (an activation to the
+    forwards, a gradient to the backwards), and the links then carry nothing of their own."""
+    f, b = list(f), list(b)
+    for s in range(len(latency)):
+        ahead, back = latency[s] + fwd[s], latency[s] + bwd[s]
+        f[s] += ahead
+        f[s + 1] += ahead
+        b[s] += back
+        b[s + 1] += back
+    idle = (0.0,) * len(latency)
+    return tuple(f), tuple(b), idle, idle, idle, idle
 
 
 def latency_aware_plan_warmup(
@@ -295,9 +325,18 @@ def _sync(coefficients: tuple | None, message: float, egress: dict) -> float:
 
 def _sync_coefficients(plan: Plan, s: int, element: int, network: NetworkView) -> tuple:
     places = tuple(r.infra for r in plan.stages[s].replicas)
+    gpus_at: dict[str, set[str]] = {}
+    for r in plan.stages[s].replicas:
+        gpus_at.setdefault(r.infra, set()).add(r.gpu)
 
     def link(src: str, dst: str) -> tuple[float, float]:
-        return network.link(src, dst, plan.streams)
+        # between two places, the slowest pair of the nodes the group has there
+        links = [
+            network.link(src, dst, plan.streams, (a, b))
+            for a in sorted(gpus_at[src])
+            for b in sorted(gpus_at[dst])
+        ]
+        return max(lat for lat, _ in links), min(bw for _, bw in links)
 
     def cost(size: float):
         if plan.allreduce == "flat":

@@ -20,8 +20,8 @@ from orchestrator.errors import UserError
 class NetworkView:
     def __init__(self, catalog: Catalog) -> None:
         self.catalog = catalog
-        self._links: dict[tuple[str, str, int], tuple[float, float]] = {}
-        self._hops: dict[tuple[str, str, int], tuple[float, float, float]] = {}
+        self._links: dict[tuple, tuple[float, float]] = {}
+        self._hops: dict[tuple, tuple[float, float, float]] = {}
         self._places: dict[str, Location] = {}
         # all-reduce costs per data-parallel group (algorithm, compression, element size, streams,
         # kinds of replica and their counts; simulator/core.py): the planner evaluates the same
@@ -44,23 +44,32 @@ class NetworkView:
         place = self.place(infra)
         return f"{place.cloud}/{place.region}"
 
-    def hop(self, src: str, dst: str, streams: int) -> tuple[float, float, float]:
+    def hop(
+        self, src: str, dst: str, streams: int, src_gpu: str = "", dst_gpu: str = ""
+    ) -> tuple[float, float, float]:
         """What a pipeline transfer between ``src`` and ``dst`` sees: (one-way latency s, the larger
-        of the two directions; seconds per byte from ``src`` to ``dst``; and back)."""
-        key = (src, dst, streams)
+        of the two directions; seconds per byte from ``src`` to ``dst``; and back). With the GPU
+        types at both ends, between nodes of those types (``link``)."""
+        key = (src, dst, streams, src_gpu, dst_gpu)
         cached = self._hops.get(key)
         if cached is None:
-            lat_f, bw_f = self.link(src, dst, streams)
-            lat_b, bw_b = self.link(dst, src, streams)
+            there = (src_gpu, dst_gpu) if src_gpu else None
+            back = (dst_gpu, src_gpu) if src_gpu else None
+            lat_f, bw_f = self.link(src, dst, streams, there)
+            lat_b, bw_b = self.link(dst, src, streams, back)
             cached = self._hops[key] = (max(lat_f, lat_b), 1.0 / bw_f, 1.0 / bw_b)
         return cached
 
-    def link(self, src: str, dst: str, streams: int) -> tuple[float, float]:
-        """(one-way latency s, bandwidth bytes/s) from ``src`` to ``dst`` with ``streams`` streams."""
-        key = (src, dst, streams)
+    def link(
+        self, src: str, dst: str, streams: int, gpus: tuple[str, str] | None = None
+    ) -> tuple[float, float]:
+        """(one-way latency s, bandwidth bytes/s) from ``src`` to ``dst`` with ``streams`` streams;
+        with ``gpus``, from a node of the first GPU type to one of the second (a cloud caps a VM's
+        network by its type: configs/network/index.yaml's node pairs)."""
+        key = (src, dst, streams, gpus)
         cached = self._links.get(key)
         if cached is None:
-            estimate = self.catalog.network.link(self.place(src), self.place(dst))
+            estimate = self.catalog.network.link(self.place(src), self.place(dst), gpus)
             bandwidth = estimate.bandwidth_bytes_per_s
             if estimate.streams:
                 aggregate = self.catalog.network.defaults[estimate.relation].bandwidth_bytes_per_s

@@ -24,16 +24,19 @@ Gather = Callable[..., tuple]
 @functools.lru_cache(maxsize=64)
 def gatherer(stages: int) -> Gather:
     """``gather`` for pipelines of ``stages`` stages: ``compute[s][kind_of[s][i]]`` is stage
-    ``s``'s entry, ``stages[s].replicas[i].infra`` its place, ``hop(src, dst, streams)`` a link's
-    (latency, seconds per byte forward, seconds per byte back)."""
+    ``s``'s entry, ``stages[s].replicas[i].infra`` its place, ``hop(src, dst, streams, src_gpu, dst_gpu)`` a
+    link's (latency, seconds per byte forward, seconds per byte back) between nodes of those GPUs."""
     links = range(stages - 1)
     lines = ["def gather(compute, kind_of, stages, i, hop, streams):"]
     lines += [
-        f"    c{s} = compute[{s}][kind_of[{s}][i]]; p{s} = stages[{s}].replicas[i].infra"
+        f"    c{s} = compute[{s}][kind_of[{s}][i]]; r{s} = stages[{s}].replicas[i]; "
+        f"p{s} = r{s}.infra; g{s} = r{s}.gpu"
         for s in range(stages)
     ]
     for s in links:
-        lines.append(f"    z{s} = c{s}[3]; l{s}, x{s}, y{s} = hop(p{s}, p{s + 1}, streams)")
+        lines.append(
+            f"    z{s} = c{s}[3]; l{s}, x{s}, y{s} = hop(p{s}, p{s + 1}, streams, g{s}, g{s + 1})"
+        )
         lines.append(f"    o{s} = z{s} * x{s}")
     lines.append("    crossing = ()")
     for s in links:

@@ -61,10 +61,10 @@ class FakeNetwork:
         self.default = default
         self.sync_cache: dict = {}
 
-    def link(self, src: str, dst: str, streams: int) -> tuple[float, float]:
+    def link(self, src: str, dst: str, streams: int, gpus=None) -> tuple[float, float]:
         return self.links.get((src, dst)) or self.links.get((dst, src)) or self.default
 
-    def hop(self, src: str, dst: str, streams: int) -> tuple[float, float, float]:
+    def hop(self, src: str, dst: str, streams: int, *gpus: str) -> tuple[float, float, float]:
         (lat_f, bw_f), (lat_b, bw_b) = self.link(src, dst, streams), self.link(dst, src, streams)
         return max(lat_f, lat_b), 1.0 / bw_f, 1.0 / bw_b
 
@@ -90,6 +90,7 @@ def settings(
     overhead: float = 0.0,
     fragmentation: float = 0.0,
     round_s: float = 0.0,
+    blocking: bool = False,
 ) -> SimulatorSettings:
     return SimulatorSettings(
         framework_overhead_bytes=PerGpu(overhead),
@@ -98,6 +99,7 @@ def settings(
         bucket_bytes=25 * 2**20,
         overlap_grad_sync=overlap,
         dp_round_overhead_s=round_s,
+        blocking_p2p=blocking,
         gpu_memory_bytes={"A100": 40 * 2**30, "V100": 16 * 2**30, "T4": 16 * 2**30},
     )
 
