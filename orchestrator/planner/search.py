@@ -46,6 +46,7 @@ from orchestrator.planner.candidates import (
     type_pairs,
 )
 from orchestrator.planner.degrees import BetweenDegrees, between
+from orchestrator.planner.mixed import grow, seeds
 from orchestrator.planner.placement import exact, placements
 from orchestrator.planner.space import SearchSpace
 from orchestrator.planner.splits import all_splits, balanced_split, count_splits, neighbours
@@ -63,6 +64,10 @@ class SearchOptions:
     exact_degrees_limit: int = 100
     progress: Callable[[str], None] | None = None
     progress_every_s: float = 1.0
+    # grow the best plan with pipelines of other GPU types (mixed.py) where the market has more
+    # than one; off, the result is the best of one GPU type per stage, proven where nothing else
+    # was cut short
+    mixed_stages: bool = True
 
 
 @dataclass
@@ -527,6 +532,7 @@ class _Search:
                 break
             self._bound = -negative
             expand[kind](*payload)
+        self._mixed()
         ranked = sorted(self.kept.values(), key=lambda e: -e.score.value)
         self.result.plans = ranked[: self.options.top_k]
         self.result.evaluations = self.e.evaluations
@@ -537,11 +543,34 @@ class _Search:
             self.result.unreachable_floor = self.best_floor_bound
         return self.result
 
+    def _mixed(self) -> None:
+        """With more than one GPU type, grow the best plan with pipelines of other types: a
+        local search, so the result says those choices were not all tried."""
+        if not self.options.mixed_stages or len(self.space.gpu_types) < 2:
+            return
+        self._heuristics.add("mixed stages")
+        if not self.kept:
+            return
+        # from the best few plans of distinct configs, and the best of each stage count (a
+        # shallower pipeline may take another GPU type's replicas where the best cannot)
+        ranked = sorted(self.kept.values(), key=lambda e: -e.score.value)
+        starts = ranked[: self.options.top_k]
+        depths = {e.plan.num_stages for e in starts}
+        for e in ranked:
+            if e.plan.num_stages not in depths and len(starts) < 2 * self.options.top_k:
+                depths.add(e.plan.num_stages)
+                starts.append(e)
+        if all(e.plan.num_stages > 1 for e in starts):
+            starts += seeds(self.e, self.space, starts[0].plan)
+        for k, start in enumerate(starts):
+            for i, evaluated in enumerate(grow(self.e, self.space, start)):
+                self._record(("mixed stages", k, i), evaluated)
+
     def _gap(self) -> None:
         r, best = self.result, self.best_value
         r.heuristics = tuple(sorted(self._heuristics))
-        if "type orders" in self._heuristics:
-            r.gap = None  # interleaved GPU types were never bounded
+        if self._heuristics & {"type orders", "mixed stages"}:
+            r.gap = None  # interleaved GPU types and mixed stages were never bounded
         elif best > float("-inf") and self._loose > best:
             r.gap = (self._loose - best) / abs(best)
         else:

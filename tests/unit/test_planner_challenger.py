@@ -24,8 +24,9 @@ planner's best by more than 0.1%, unless the gap the planner reports covers it; 
 reports no gap (interleaved GPU types not all tried), a win is a warning, not a failure.
 
 Challengers inside the planner's space (``outside_space``: nothing) must lose on every market. The
-wins found outside it are listed: ``SPACE_GAPS`` (SAILOR's heterogeneous stages) and an expected
-failure (a data-parallel degree between two divisors, under a $/h budget).
+wins found outside it would be listed in ``SPACE_GAPS``: SAILOR's heterogeneous stages were, until
+the planner grew its best plans with pipelines of other GPU types (planner/mixed.py), which has no
+bound; a win over that is still a failure here (``verdict``).
 """
 
 from __future__ import annotations
@@ -123,7 +124,9 @@ def verdict(challenger: Evaluated | None, result: SearchResult) -> str:
     if challenger is None or excess(challenger, result) <= TOLERANCE:
         return "loses"
     if result.gap is None:
-        return "unbounded"
+        # interleaved GPU types not all tried have no bound: a win there is recorded, not failed;
+        # mixed stages (also no bound) are grown from the planner's best, and must hold here
+        return "unbounded" if "type orders" in result.heuristics else "beats"
     return "covered" if excess(challenger, result) <= result.gap + TOLERANCE else "beats"
 
 
@@ -141,23 +144,12 @@ def describe(seed: int, name: str, winner: Evaluated, result: SearchResult) -> s
 
 # Wins of challengers outside the planner's space, found by this test (seed, objective): for
 # these only challengers inside the space must lose, and the win must still show, so that the
-# list shrinks when the space grows. A stage's replicas on different GPU types (SAILOR's
-# heterogeneous data parallelism) is not in the space (docs/planner.md: per stage, a GPU type and
-# a TP degree); on these markets a cheap or spare GPU of another type as one more replica wins:
-SPACE_GAPS = {
-    # 4 V100 + 1 T4 in us-central1-a, gpt-tiny, batch 24 of microbatch 1: the T4 as a fifth
-    # replica of the whole model (shares 5, 5, 5, 5, 4) gives 1,129.4 samples/s, the planner's 4
-    # V100 994.8 (+13.5%); with a budget, a floor or a deadline, 1-3 replicas over both types
-    # beat the planner's 1-3 stage pipelines by 2.6-5.9%
-    (5, "max_throughput"): "heterogeneous stage",
-    (5, "max_throughput_risk_aware"): "heterogeneous stage",
-    (5, "max_throughput_under_budget"): "heterogeneous stage",
-    (5, "min_cost_over_floor"): "heterogeneous stage",
-    (5, "min_cost_by_deadline"): "heterogeneous stage",
-    # 4 T4 (2-GPU nodes) + 1 L4 in europe-west4-a, gpt-tiny, batch 24: a T4 and the cheaper L4 as
-    # two replicas, $0.0513 per 1M samples against the planner's two T4 at $0.0522 (+1.7%)
-    (27, "min_cost_over_floor"): "heterogeneous stage",
-}
+# list shrinks when the space grows. Empty since the planner grows its best plans with pipelines
+# of other GPU types (planner/mixed.py): SAILOR's heterogeneous stages won on seed 5 (a T4 as a
+# fifth replica beside 4 V100, +13.5%; 1-3 replicas over both types under a budget, a floor or a
+# deadline, +2.3-5.2%) and seed 27 (a T4 and a cheaper L4 as two replicas, 1.7% cheaper); the
+# planner now finds these or better.
+SPACE_GAPS: dict[tuple[int, str], str] = {}
 
 
 @pytest.mark.parametrize("seed", MARKETS)

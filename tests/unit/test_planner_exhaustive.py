@@ -138,7 +138,11 @@ def test_bounds_never_prune_the_best_plan(seed, round_s, tmp_path, monkeypatch):
     base = prepare(recipe(tmp_path, "{goal: max_throughput}", 3), catalog)
     everything = [e for e in enumerate_all(base.evaluator, base.space) if in_blocks(e.plan)]
     options = SearchOptions(
-        top_k=1, exact_types_limit=1, exact_splits_limit=10**6, exact_placements_limit=10**9
+        top_k=1,
+        exact_types_limit=1,
+        exact_splits_limit=10**6,
+        exact_placements_limit=10**9,
+        mixed_stages=False,  # the reference enumerates one GPU type per stage
     )
     for name, objective in objectives(best(everything)).items():
         context = prepare(recipe(tmp_path, objective, 3), catalog)
