@@ -440,6 +440,14 @@ def _check_replicas(plan: Plan, index: int, stage: Stage, fail) -> None:
                 f"tp must be a power of two, got {replica.tp}",
                 "write 1, 2, 4 or 8",
             )
+    degrees = sorted({replica.tp for replica in stage.replicas})
+    if len(degrees) > 1:
+        fail(
+            ("stages", index, "replicas"),
+            f"stage {index} has replicas of tensor-parallel degrees {degrees}: the runtime sums a "
+            "stage's gradients shard by shard, so its replicas must share one degree",
+            "give every replica of a stage the same tp (stages may differ)",
+        )
 
 
 def _check_batch(plan: Plan, fail) -> None:

@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from orchestrator.catalog import OFFER_COLUMNS, default_catalog
-from orchestrator.plan import Plan, Replica, check_plan
+from orchestrator.plan import Plan, PlanError, Replica, check_plan
 from orchestrator.planner import Evaluated, PlanningContext, prepare
 from orchestrator.planner.candidates import between_divisors, dp_degrees
 from orchestrator.planner.candidates import shares as even_shares
@@ -373,7 +373,10 @@ def evaluate(context: PlanningContext, draft: Draft) -> Evaluated | None:
     if not within_market(draft, context):
         return None
     plan = draft.plan(context)
-    check_plan(plan)
+    try:
+        check_plan(plan)  # e.g. a stage's replicas at two TP degrees: the runtime cannot run it
+    except PlanError:
+        return None
     e = context.evaluator
     check_plan_runs(plan, e.profile, e.network, e.prices)
     return e.evaluate(plan)
