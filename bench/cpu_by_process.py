@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import collections
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -67,8 +68,14 @@ def main(argv: list[str]) -> int:
     top = 0
     if argv[:1] == ["--top"] and len(argv) > 2 and argv[1].isdigit():
         top, argv = int(argv[1]), argv[2:]
-    if not argv:
+    if not argv or argv[0] in ("-h", "--help"):
         print(__doc__, file=sys.stderr)
+        return 0 if argv else 2
+    if shutil.which(argv[0]) is None:
+        print(
+            f"{argv[0]}: no such command; give the command to measure, e.g. bash -c '...'",
+            file=sys.stderr,
+        )
         return 2
     before: dict = {}
     read_all(before)

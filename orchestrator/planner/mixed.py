@@ -4,10 +4,9 @@ The search (search.py) proves its best over plans whose stages each hold one GPU
 degree. SAILOR also mixes GPU types among a stage's replicas: a V100 stage with one more replica on
 a spare T4, pipelines built from different GPUs sharing the batch by their speed. ``grow`` reaches
 such plans from the search's best: it tries to add one whole pipeline of the layer split built
-from the GPUs the plan leaves unused (any GPU type a place can host at each stage's TP degree:
-the runtime needs one degree per stage, runtime/layout.py), or to swap
-one of the plan's pipelines for such a pipeline, keeps the move that scores best if it beats the
-plan, and repeats. After each move the batch's microbatches are shared out anew, each to the
+from the GPUs the plan leaves unused (any GPU type a place can host at each stage's TP degree: the
+runtime needs one degree per stage, ``check_plan``), or to swap one of the plan's pipelines for
+such a pipeline, keeps the move that scores best if it beats the plan, and repeats. After each move the batch's microbatches are shared out anew, each to the
 pipeline that would finish it first given its slowest stage (``speed_shares``).
 
 This is a local search, not a bounded one: where a market has more than one GPU type, the search
