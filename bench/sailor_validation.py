@@ -1,6 +1,6 @@
 """Our simulator against SAILOR's measured runs: iteration time and peak memory per GPU.
 
-Usage: python bench/sailor_validation.py [--runtime ours] [--runs clariden|mit]
+Usage: python bench/sailor_validation.py [--runtime ours] [--runs clariden|mit] [--profile analytic]
 
 SAILOR's authors trained OPT-350M with Megatron-DeepSpeed (fp16) on two clusters and published each
 run's plan with its measured iteration time and peak GPU memory (bench/data/sailor_validation.json,
@@ -11,10 +11,13 @@ SAILOR's published profiles of those GPUs (configs/profiles/sailor, the same fig
 simulator reads), the catalog's network (SAILOR's node-pair measurements where it has them) and
 the settings of the runtime that ran them, ``megatron-deepspeed`` in configs/simulator.yaml: its
 pipeline sends block both ends and it reduces gradients after the last backward. ``--runtime ours``
-simulates them as if our runtime had run them instead, for comparison.
+simulates them as if our runtime had run them instead, for comparison. ``--profile analytic``
+takes the analytic estimate (configs/simulator.yaml ``analytic:``) instead of SAILOR's profiles:
+how far the estimate alone lands from these measurements.
 
 Nothing here is fitted to these runs: the profiles, the network table and the memory settings are
-the ones every other plan is simulated with.
+the ones every other plan is simulated with. One of them was adopted after seeing these runs:
+GH200's framework memory, SAILOR's own figure for its GH200 platform (BENCHMARKS.md says so).
 """
 
 from __future__ import annotations
@@ -30,8 +33,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.catalog import OFFER_COLUMNS, default_catalog  # noqa: E402
 from orchestrator.plan import Plan, Replica, Stage  # noqa: E402
-from orchestrator.profiles import sailor_profile  # noqa: E402
+from orchestrator.profiles import analytic_settings, sailor_profile  # noqa: E402
+from orchestrator.profiles.analytic import analytic_profile  # noqa: E402
 from orchestrator.simulator import simulate, views_for  # noqa: E402
+from runtime.models.specs import model_spec  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "sailor_validation.json"
 ZONE = "gcp/us-central1/us-central1-a"  # where SAILOR's plan files put every node
@@ -72,6 +77,20 @@ def build(run: dict, catalog) -> tuple[Plan, set[str]]:
     return plan, gpus
 
 
+def _estimate(catalog, gpus: set[str], built):
+    """The analytic estimate of OPT-350M on ``gpus`` at the runs' microbatch sizes and degrees."""
+    plans = [plan for _, plan, _ in built]
+    return analytic_profile(
+        model_spec("opt-350m"),
+        [catalog.gpus.find(g) for g in sorted(gpus)],
+        precision="fp16-mixed",
+        optimizer="adam",
+        microbatch_sizes={p.microbatch_size for p in plans},
+        tp_degrees={r.tp for p in plans for s in p.stages for r in s.replicas},
+        settings=analytic_settings(catalog),
+    )
+
+
 def shape(plan: Plan) -> str:
     tps = sorted({r.tp for s in plan.stages for r in s.replicas})
     return f"S{plan.num_stages} D{plan.dp_degree} TP{','.join(map(str, tps))} mbs{plan.microbatch_size}"
@@ -81,6 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runtime", default="megatron-deepspeed", help="'ours' or a runtime name")
     parser.add_argument("--runs", choices=["clariden", "mit"], help="one cluster's runs only")
+    parser.add_argument("--profile", choices=["sailor", "analytic"], default="sailor")
     args = parser.parse_args()
     catalog = default_catalog()
     runs = json.loads(DATA.read_text())["runs"]
@@ -93,8 +113,15 @@ def main() -> None:
         network, prices, settings = views_for(
             catalog, market(catalog, gpus, Path(folder)), runtime=runtime
         )
-        profile = sailor_profile("opt-350m", sorted(gpus), catalog)
-        print(f"runtime: {args.runtime}; {len(runs)} runs of OPT-350M ({DATA.name})")
+        profile = (
+            sailor_profile("opt-350m", sorted(gpus), catalog)
+            if args.profile == "sailor"
+            else _estimate(catalog, gpus, built)
+        )
+        print(
+            f"runtime: {args.runtime}; profile: {args.profile}; {len(runs)} runs of OPT-350M "
+            f"({DATA.name})"
+        )
         print(
             f"{'run':22s} {'plan':22s} {'measured s':>10s} {'ours s':>8s} {'error':>7s}"
             f" {'meas. GiB':>9s} {'ours GiB':>8s} {'error':>7s}"

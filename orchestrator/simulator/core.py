@@ -388,7 +388,10 @@ def _tied_exchange(
             egress[(a, z)] += size * count
     rows[0] = (*first[:6], first_done + first[2], first_done - first_ready)
     # the last stage's update of its copy: the first stage's step scaled to the tied weight's size
-    params = profile.stage_facts(1, *plan.stages[0].layers)[0]
+    # (the whole stage's parameters: at TP 1, or one GPU's share times the degree where a profile
+    # has no TP-1 sizes)
+    tp = 1 if 1 in profile.layers else plan.stages[0].replicas[0].tp
+    params = profile.stage_facts(tp, *plan.stages[0].layers)[0] * tp
     late = back + (first[2] * profile.tied_elements / params if params else 0.0)
     if late > last[6]:
         rows[-1] = (*last[:6], late, late - last[6])

@@ -82,3 +82,38 @@ def test_the_last_stage_holds_a_copy():
     assert run(uniform_profile(tied=tied), alone).peak_memory_bytes == pytest.approx(
         run(uniform_profile(), alone).peak_memory_bytes
     )
+
+
+def test_a_profile_without_tp_1_sizes_scales_the_tied_update_by_the_degree():
+    """The last stage's update of its copy is the first stage's step scaled to the tied weight:
+    against the whole stage's parameters, which a profile measured only at TP 2 gives as one GPU's
+    share times 2 (an analytic profile built for a plan's degrees has no TP-1 sizes)."""
+    import dataclasses
+
+    from orchestrator.plan import Replica
+
+    tied = 30_000_000
+    base = uniform_profile(tied=tied, update_s=0.05)  # the copy's update sets the end
+    table, times = base.layers[1], base.gpus["A100"].times
+    half = dataclasses.replace(table, params=tuple(p / 2 for p in table.params))
+    at_tp2 = dataclasses.replace(
+        base,
+        layers={2: half},
+        gpus={
+            g: dataclasses.replace(p, times={(mbs, 2): t for (mbs, _), t in times.items()})
+            for g, p in base.gpus.items()
+        },
+    )
+    one, two = two_stages(), two_stages()
+    two = dataclasses.replace(
+        two,
+        stages=tuple(
+            dataclasses.replace(
+                s, replicas=tuple(Replica(gpu=r.gpu, tp=2, infra=r.infra) for r in s.replicas)
+            )
+            for s in two.stages
+        ),
+    )
+    e1, e2 = run(base, one), run(at_tp2, two)
+    assert e1.stages[-1].tied_wait_s > 0
+    assert e2.stages[-1].tied_wait_s == pytest.approx(e1.stages[-1].tied_wait_s, rel=0.05)
