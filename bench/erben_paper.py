@@ -61,6 +61,9 @@ class Published:
     derived: str = ""  # the formula over stated figures, when not stated itself
     place: str = ""  # egress_usd_per_vm_h: the VMs it is about ("" = mean over all)
     approximate: bool = False  # the text gives a range or a word, not a figure
+    # a cost the paper puts together from two setups: (setup, place) whose internal egress per VM
+    # it adds to this setup's VMs (its 8xT4 figure takes D-2/3's, Sec. 7)
+    reference: tuple[str, str] | None = None
 
 
 THROUGHPUT = "samples_per_s"
@@ -141,7 +144,15 @@ def _paper() -> list[Published]:
         Published("D-1", "NLP", "granularity", 2.73, s5),
         Published("D-3", "CV", "granularity", 12.72, s5),
         Published("D-3", "NLP", "granularity", 1.99, s5),
-        Published("A-8", "CV", "usd_per_1m", 1.77, "Sec. 7 cost analysis, p. 1223"),
+        Published(
+            "A-8",
+            "CV",
+            "usd_per_1m",
+            1.77,
+            "Sec. 7 cost analysis, p. 1223: A-8's VMs + the internal egress per GC VM of Fig. 11a "
+            "(D-2/3; predicted: D-2's)",
+            reference=("D-2", GC_WEST),
+        ),
     ]
     s52 = "Sec. 5(2) text, Fig. 11a, p. 1221"
     rows += [

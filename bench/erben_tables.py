@@ -1,7 +1,7 @@
 """Erben et al.'s geo-distributed T4 experiments, published beside our simulator's predictions.
 
-Usage: python bench/erben_tables.py [--calibrate] [--calibrate-on A-1|A-2|A-8] [--streams N]
-                                    [--allreduce flat|hierarchical]
+Usage: python bench/erben_tables.py [--calibrate] [--calibrate-on A-1|A-2|A-8]
+                                    [--allreduce butterfly|flat|hierarchical] [--streams N]
 
 Paper: Erben, Mayer, Jacobsen, "How Can We Train Deep Learning Models Across Clouds and
 Continents? An Experimental Study", PVLDB 17(6): 1214-1226 (VLDB'24); text in
@@ -15,12 +15,20 @@ whose values the text does not give (Figures 7-11's bars, Figure 1/15's scatter)
 A figure marked "d" is derived from stated ones, by the formula given beside it.
 
 Hivemind averages with a butterfly all-reduce: every peer sends 1/n of the gradient to each other
-peer and gets the averaged part back, one TCP stream per peer pair. Our closest option is the flat
-ring with ``streams = n - 1``: it moves the same 2(n-1)/n of the gradient per VM at the same
-per-pair single-stream rate (Erben's Table 3, one stream), and pays 2(n-1) latencies where the
-butterfly pays 2. Prices: Table 1's April-2023 T4 spot price per VM of each cloud (read from
-configs/network/erben/network.yaml) and the egress table ``erben_2023_04`` (configs/egress.yaml).
-Profiles: the analytic T4 estimate (no measured T4 profile of these models exists).
+peer and gets the averaged part back, one TCP stream per peer pair; its peers address each other by
+public addresses, so traffic between two VMs of one zone is billed too (the paper's "internal
+egress"). The simulator runs this as the ``hivemind`` runtime of configs/simulator.yaml (averaging
+``butterfly``, ``public_peers``). ``--allreduce flat|hierarchical`` runs our own runtime's
+algorithms instead (``--streams``, default GPUs - 1, for them), for comparison. Prices: Table 1's
+April-2023 T4 spot price per VM of each cloud (read from configs/network/erben/network.yaml) and
+the egress table ``erben_2023_04`` (configs/egress.yaml), whose same-zone rule prices the internal
+egress. Profiles: the analytic T4 estimate (no measured T4 profile of these models exists).
+
+The paper's 8xT4 cost ($1.77 per 1M samples, Sec. 7) is A-8's VMs plus "the internal egress costs
+from Figure 11a as a reference": the internal egress per GC VM of D-2/D-3. Its prediction is built
+the same way: A-8's VMs at A-8's predicted throughput plus D-2's predicted internal egress per GC
+VM. The egress $/h rows are the paper's external egress (to other places); the predicted $ per 1M
+samples count all egress, internal included, as the paper's totals do.
 
 Hivemind accumulates a round's gradients, then averages them: a round is its compute plus its
 communication, as the paper counts it (Sec. 7: granularity 1 gives at best 1.33x from doubling the
@@ -94,7 +102,9 @@ class Predicted:
     granularity: float
     usd_per_1m: float
     egress_share: float  # egress $ / (compute + egress) $
-    egress_usd_per_vm_h: dict[str, float]  # by sending place; "" = mean over all VMs
+    egress_usd_per_vm_h: dict[str, float]  # to other places, by sending place; "" = every VM's mean
+    internal_usd_per_vm_h: dict[str, float]  # inside the sender's own place, by place
+    vm_usd_per_h: float  # the VMs alone, all of them
 
 
 @dataclass
@@ -104,8 +114,8 @@ class World:
     settings: SimulatorSettings
     profiles: dict[str, ModelProfile]
     microbatch: dict[str, int]
-    allreduce: str = "flat"
-    streams: int | None = None  # None: n - 1, one stream per other peer as Hivemind
+    allreduce: str = "butterfly"  # Hivemind's (the hivemind runtime), or one of ours
+    streams: int | None = None  # ours: None = n - 1; the butterfly: one per pair of peers
 
 
 @dataclass(frozen=True)
@@ -145,10 +155,11 @@ def paper_market(catalog: Catalog) -> OfferTable:
     return OfferTable(offers, "erben-2023-04 (in memory)")
 
 
-def make_world(*, allreduce: str = "flat", streams: int | None = None) -> World:
+def make_world(*, allreduce: str = "butterfly", streams: int | None = None) -> World:
     catalog = default_catalog()
+    runtime = "hivemind" if allreduce == "butterfly" else None
     network, prices, settings = views_for(
-        catalog, paper_market(catalog), egress_table="erben_2023_04"
+        catalog, paper_market(catalog), egress_table="erben_2023_04", runtime=runtime
     )
     settings = replace(settings, overlap_grad_sync=False)  # Hivemind averages after the round
     profiles, microbatch = {}, {}
@@ -211,7 +222,8 @@ def estimate(
 ) -> Estimate:
     profile = profile or world.profiles[model]
     streams = world.streams or max(1, setup.gpus - 1)
-    plan = build_plan(setup, profile, world.microbatch[model], world.allreduce, streams)
+    allreduce = "flat" if world.allreduce == "butterfly" else world.allreduce  # the runtime's own
+    plan = build_plan(setup, profile, world.microbatch[model], allreduce, streams)
     settings = replace(world.settings, dp_round_overhead_s=round_s)
     return simulate(profile, plan, network=world.network, prices=world.prices, settings=settings)
 
@@ -225,16 +237,22 @@ def predict(
 ) -> Predicted:
     e = estimate(world, model, setup, profile, round_s)
     per_hour = 3600 / e.iteration_time_s
-    by_place: dict[str, float] = {"": e.egress_usd_per_iteration * per_hour / setup.gpus}
+    external = [link for link in e.egress if link.src != link.dst]
+    by_place = {"": sum(link.usd_per_iteration for link in external) * per_hour / setup.gpus}
+    internal = {}
     for place, count in setup.places:
-        sent = sum(link.usd_per_iteration for link in e.egress if link.src == place)
+        sent = sum(link.usd_per_iteration for link in external if link.src == place)
         by_place[place] = sent * per_hour / count
+        inside = sum(link.usd_per_iteration for link in e.egress if link.src == link.dst == place)
+        internal[place] = inside * per_hour / count
     return Predicted(
         samples_per_s=e.samples_per_s,
         granularity=e.granularity,
         usd_per_1m=e.cost_per_million_samples_usd,
         egress_share=e.egress_usd_per_iteration / e.cost_per_iteration_usd,
         egress_usd_per_vm_h=by_place,
+        internal_usd_per_vm_h=internal,
+        vm_usd_per_h=e.cost_per_hour_usd,
     )
 
 
@@ -272,6 +290,11 @@ def predictions(world: World, fits: dict[str, Calibration] | None = None) -> dic
 
 def predicted_value(row: Published, preds: dict) -> float:
     p = preds[row.setup, row.model]
+    if row.reference:  # the paper's 8xT4 cost: A-8's VMs and another setup's internal egress
+        setup, place = row.reference
+        vms = p.vm_usd_per_h / SETUPS[row.setup].gpus
+        extra = preds[setup, row.model].internal_usd_per_vm_h[place]
+        return (vms + extra) / (p.samples_per_s * 3600 / SETUPS[row.setup].gpus) * 1e6
     if row.metric == "slowdown_pct":
         base = preds[SETUPS[row.setup].baseline, row.model]
         return 100 * (1 - p.samples_per_s / base.samples_per_s)
@@ -446,17 +469,32 @@ def main(argv: list[str] | None = None) -> None:
         choices=["A-1", "A-2", "A-8"],
         help="the published setup whose throughput (and granularity) each model is fitted to (default: A-8)",
     )
-    parser.add_argument("--allreduce", default="flat", choices=["flat", "hierarchical"])
     parser.add_argument(
-        "--streams", type=int, default=None, help="TCP streams per link (default: GPUs - 1)"
+        "--allreduce",
+        default="butterfly",
+        choices=["butterfly", "flat", "hierarchical"],
+        help="butterfly: Hivemind's (the hivemind runtime); flat, hierarchical: our runtime's",
+    )
+    parser.add_argument(
+        "--streams",
+        type=int,
+        default=None,
+        help="TCP streams per link for flat and hierarchical (default: GPUs - 1)",
     )
     args = parser.parse_args(argv)
+    if args.allreduce == "butterfly" and args.streams is not None:
+        parser.error("--streams applies to flat and hierarchical; the butterfly has one per pair")
     world = make_world(allreduce=args.allreduce, streams=args.streams)
-    streams = args.streams or "GPUs - 1"
+    how = (
+        "Hivemind's butterfly all-reduce (runtime hivemind: one stream per pair of peers, "
+        "peers on public addresses)"
+        if args.allreduce == "butterfly"
+        else f"our {args.allreduce} all-reduce, {args.streams or 'GPUs - 1'} stream(s) per link"
+    )
     print(
-        f"Erben et al. (VLDB'24) vs our simulator: {args.allreduce} all-reduce, {streams} "
-        f"stream(s) per link, analytic T4 profile, microbatch {world.microbatch}, target batch "
-        f"{TARGET_BATCH}, Table 1 spot prices, egress table erben_2023_04"
+        f"Erben et al. (VLDB'24) vs our simulator: {how}, analytic T4 profile, microbatch "
+        f"{world.microbatch}, target batch {TARGET_BATCH}, Table 1 spot prices, egress table "
+        f"erben_2023_04"
     )
     runs = [("predicted", predictions(world), None)]
     if args.calibrate:

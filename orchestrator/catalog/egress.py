@@ -100,8 +100,9 @@ class EgressTable:
         return self.tables[name]
 
     def price(self, src: Location, dst: Location, table: str | None = None) -> EgressPrice:
-        """$/GB for traffic from ``src`` to ``dst`` (region- or zone-level)."""
-        relation = self.regions.relation(src, dst).egress
+        """$/GB for traffic from ``src`` to ``dst`` (region- or zone-level). Between two machines
+        of one place (``src == dst``, a region too) the same-zone rule applies."""
+        relation = "same_zone" if src == dst else self.regions.relation(src, dst).egress
         src_continent = self.regions.continent(src)
         dst_continent = self.regions.continent(dst)
         name = table or self.default_table

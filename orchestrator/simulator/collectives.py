@@ -13,8 +13,15 @@ every byte through a zone leader twice more. With a single region there is nothi
 the hierarchy is the flat ring. Only the cross-region ring is compressed: fp16 halves fp32
 gradients, int8 sends one byte per element plus an fp32 scale per 1024 elements.
 
-Each member sends about ``2(n-1)/n * M`` bytes per phase to its ring neighbour; the bytes that cross
-a zone, region or cloud boundary are returned for pricing.
+``butterfly`` (Hivemind's all-reduce, not our runtime's): each member owns ``1/n`` of the message,
+sends every other member its share of theirs and gets its own share back averaged, all pairs at
+once on one stream each. Each phase takes the slowest pair's ``latency + M/(n b)``, or the member's
+``(n-1) M/n`` through its fastest link (its network card), whichever is longer; two phases.
+
+Each member sends about ``2(n-1)/n * M`` bytes per phase: to its ring neighbour, or ``2M/n`` to each
+other member in the butterfly. The bytes that cross a zone, region or cloud boundary are returned
+for pricing; with ``same_place``, also those between two members of one place (peers that address
+each other by public addresses pay egress there too, at the egress table's same-zone price).
 """
 
 from __future__ import annotations
@@ -46,27 +53,58 @@ def _group_link(places: Sequence[str], link: LinkFn) -> tuple[float, float]:
     return latency, bandwidth
 
 
-def _ring_crossing(places: Sequence[str], per_member_bytes: float) -> list[tuple[str, str, float]]:
+def _ring_crossing(
+    places: Sequence[str], per_member_bytes: float, same_place: bool = False
+) -> list[tuple[str, str, float]]:
     ordered = sorted(places)
     crossing = []
     for i, src in enumerate(ordered):
         dst = ordered[(i + 1) % len(ordered)]
-        if src != dst:
+        if src != dst or same_place:
             crossing.append((src, dst, per_member_bytes))
     return crossing
 
 
-def ring_allreduce(places: Sequence[str], message_bytes: float, link: LinkFn) -> SyncCost:
+def ring_allreduce(
+    places: Sequence[str], message_bytes: float, link: LinkFn, *, same_place: bool = False
+) -> SyncCost:
     n = len(places)
     if n < 2 or message_bytes <= 0:
         return SyncCost(0.0, ())
     latency, bandwidth = _group_link(places, link)
     time = 2 * (n - 1) * (latency + message_bytes / n / bandwidth)
-    return SyncCost(time, tuple(_ring_crossing(places, 2 * (n - 1) / n * message_bytes)))
+    crossing = _ring_crossing(places, 2 * (n - 1) / n * message_bytes, same_place)
+    return SyncCost(time, tuple(crossing))
+
+
+def butterfly_allreduce(
+    places: Sequence[str], message_bytes: float, link: LinkFn, *, same_place: bool = False
+) -> SyncCost:
+    """Every member exchanges ``M/n`` with every other member, twice (module docstring)."""
+    n = len(places)
+    if n < 2 or message_bytes <= 0:
+        return SyncCost(0.0, ())
+    share = message_bytes / n
+    unique = sorted(set(places))
+    counts = {p: places.count(p) for p in unique}
+    phase, crossing = 0.0, []
+    for src in unique:
+        slowest, card = 0.0, 0.0
+        for dst in unique:
+            if dst == src and counts[src] < 2:
+                continue
+            latency, bandwidth = link(src, dst)
+            slowest = max(slowest, latency + share / bandwidth)
+            card = max(card, bandwidth)
+            peers = counts[dst] - (dst == src)
+            if dst != src or same_place:
+                crossing.append((src, dst, 2 * share * peers * counts[src]))
+        phase = max(phase, slowest, (n - 1) * share / card)
+    return SyncCost(2 * phase, tuple(crossing))
 
 
 def _tree_phase(
-    groups: dict[str, list[str]], message_bytes: float, link: LinkFn
+    groups: dict[str, list[str]], message_bytes: float, link: LinkFn, same_place: bool
 ) -> tuple[float, list]:
     """Reduce (or broadcast) inside each group in parallel: time of the slowest group, bytes sent."""
     time, crossing = 0.0, []
@@ -76,7 +114,7 @@ def _tree_phase(
             continue
         latency, bandwidth = _group_link(members, link)
         time = max(time, 2 * (n - 1) / n * message_bytes / bandwidth + n * latency)
-        crossing += _ring_crossing(members, 2 * (n - 1) / n * message_bytes)
+        crossing += _ring_crossing(members, 2 * (n - 1) / n * message_bytes, same_place)
     return time, crossing
 
 
@@ -96,6 +134,7 @@ def hierarchical_allreduce(
     region_of: Callable[[str], str],
     grad_element_bytes: int,
     compression: str,
+    same_place: bool = False,
 ) -> SyncCost:
     if len(places) < 2 or message_bytes <= 0:
         return SyncCost(0.0, ())
@@ -103,11 +142,14 @@ def hierarchical_allreduce(
     for place in places:
         regions.setdefault(region_of(place), []).append(place)
     if len(regions) == 1:
-        return ring_allreduce(places, message_bytes, link)
-    local_time, local_bytes = _tree_phase(regions, message_bytes, link)
+        return ring_allreduce(places, message_bytes, link, same_place=same_place)
+    local_time, local_bytes = _tree_phase(regions, message_bytes, link, same_place)
     leaders = [min(members) for members in regions.values()]
     top = ring_allreduce(
-        leaders, compressed_bytes(message_bytes, grad_element_bytes, compression), link
+        leaders,
+        compressed_bytes(message_bytes, grad_element_bytes, compression),
+        link,
+        same_place=same_place,
     )
     # reduce to the leaders, then broadcast back: the in-region phase runs twice
     return SyncCost(2 * local_time + top.time_s, tuple(local_bytes) * 2 + top.crossing)

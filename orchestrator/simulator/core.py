@@ -26,7 +26,12 @@ from functools import partial
 
 from orchestrator.plan import Plan
 from orchestrator.profiles.profile import ModelProfile
-from orchestrator.simulator.collectives import hierarchical_allreduce, ring_allreduce
+from orchestrator.simulator.collectives import (
+    butterfly_allreduce,
+    compressed_bytes,
+    hierarchical_allreduce,
+    ring_allreduce,
+)
 from orchestrator.simulator.environment import NetworkView, PriceView
 from orchestrator.simulator.estimate import (
     Breakdown,
@@ -76,7 +81,14 @@ def _stage_entries(
     table = _profile_cache(profile, "entries", settings)  # memory depends on the settings
     # an all-reduce depends on these and on its group's kinds of replica and their counts, keyed
     # by their fields (``Replica._key``: plain tuples, hashed without calling Python code)
-    common = (plan.allreduce, plan.compression, element, plan.streams)
+    common = (
+        plan.allreduce,
+        plan.compression,
+        element,
+        plan.streams,
+        settings.averaging,
+        settings.public_peers,
+    )
     sync_cache = network.sync_cache
     most, warmup = max(plan.microbatches()), plan.warmup
     compute, stages, peak, oom, gpus = [], [], 0.0, False, set()
@@ -111,7 +123,9 @@ def _stage_entries(
             group = tuple(group)
             coefficients = sync_cache.get(group)
             if coefficients is None:
-                coefficients = sync_cache[group] = _sync_coefficients(plan, s, element, network)
+                coefficients = sync_cache[group] = _sync_coefficients(
+                    plan, s, element, network, settings
+                )
         stages.append((forward, backward, update, entries[0][4], coefficients))
     return compute, stages, (peak, oom, frozenset(gpus))
 
@@ -323,24 +337,32 @@ def _sync(coefficients: tuple | None, message: float, egress: dict) -> float:
     return fixed + slope * message
 
 
-def _sync_coefficients(plan: Plan, s: int, element: int, network: NetworkView) -> tuple:
+def _sync_coefficients(
+    plan: Plan, s: int, element: int, network: NetworkView, settings: SimulatorSettings
+) -> tuple:
     places = tuple(r.infra for r in plan.stages[s].replicas)
     gpus_at: dict[str, set[str]] = {}
     for r in plan.stages[s].replicas:
         gpus_at.setdefault(r.infra, set()).add(r.gpu)
+    butterfly = settings.averaging == "butterfly"
+    streams = 1 if butterfly else plan.streams  # the butterfly: one stream per pair of members
+    same_place = settings.public_peers
 
     def link(src: str, dst: str) -> tuple[float, float]:
         # between two places, the slowest pair of the nodes the group has there
         links = [
-            network.link(src, dst, plan.streams, (a, b))
+            network.link(src, dst, streams, (a, b))
             for a in sorted(gpus_at[src])
             for b in sorted(gpus_at[dst])
         ]
         return max(lat for lat, _ in links), min(bw for _, bw in links)
 
     def cost(size: float):
+        if butterfly:  # Hivemind compresses every exchange (its grad_compression)
+            size = compressed_bytes(size, element, plan.compression)
+            return butterfly_allreduce(places, size, link, same_place=same_place)
         if plan.allreduce == "flat":
-            return ring_allreduce(places, size, link)
+            return ring_allreduce(places, size, link, same_place=same_place)
         return hierarchical_allreduce(
             places,
             size,
@@ -348,6 +370,7 @@ def _sync_coefficients(plan: Plan, s: int, element: int, network: NetworkView) -
             region_of=network.region_of,
             grad_element_bytes=element,
             compression=plan.compression,
+            same_place=same_place,
         )
 
     unit, double = cost(1e9), cost(2e9)

@@ -164,13 +164,9 @@ class PriceView:
     def egress_usd_per_byte(self, src: str, dst: str) -> float:
         key = (src, dst)
         price = self._egress.get(key)
-        if price is None:
-            if src == dst:
-                price = 0.0
-            else:
-                quote = self.catalog.egress.price(
-                    self._network.place(src), self._network.place(dst), self.egress_table
-                )
-                price = quote.usd_per_gb / 1e9
-            self._egress[key] = price
+        if price is None:  # inside one place: the table's same-zone rule (free unless it has one)
+            quote = self.catalog.egress.price(
+                self._network.place(src), self._network.place(dst), self.egress_table
+            )
+            price = self._egress[key] = quote.usd_per_gb / 1e9
         return price

@@ -26,6 +26,14 @@ class SimulatorSettings:
     # pipeline engine); false: they run beside it (our runtime posts them and goes on)
     blocking_p2p: bool
     gpu_memory_bytes: Mapping[str, float]  # capacity by GPU name
+    # how a stage's replicas average their gradients: "plan", the plan's ``allreduce`` (our
+    # runtime's ring or hierarchy); "butterfly", every member sends each other member its share of
+    # the gradient and gets the averaged share back, one stream per pair (Hivemind's all-reduce)
+    averaging: str = "plan"
+    # the members of a group address each other by public addresses, so the bytes between two of
+    # them in one place are egress too, priced by the egress table's same_zone rule (Hivemind's
+    # peers; our runtime's traffic inside a place is free)
+    public_peers: bool = False
 
     def overhead_bytes(self, gpu: str, tp: int) -> float:
         return self.framework_overhead_bytes.for_gpu(gpu) + (
@@ -45,6 +53,22 @@ def _flag(entry: Entry, key: str) -> bool:
     if not isinstance(value, bool):
         entry.fail(
             entry.path + (key,), f"expected true or false, got {value!r}", "write true or false"
+        )
+    return value
+
+
+AVERAGING = ("plan", "butterfly")
+
+
+def _averaging(entry: Entry) -> str:
+    value = entry.raw("averaging", required=False)
+    if value is None:
+        return "plan"
+    if value not in AVERAGING:
+        entry.fail(
+            entry.path + ("averaging",),
+            f"unknown averaging {value!r}",
+            f"write one of: {', '.join(AVERAGING)}",
         )
     return value
 
@@ -90,6 +114,8 @@ def load_settings(catalog: Catalog, runtime: str | None = None) -> SimulatorSett
         settings,
         overlap_grad_sync=_flag(other, "overlap_grad_sync"),
         blocking_p2p=_flag(other, "blocking_p2p"),
+        averaging=_averaging(other),
+        public_peers=_flag(other, "public_peers") if "public_peers" in other.value else False,
     )
     other.text("source")
     other.done()

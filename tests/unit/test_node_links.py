@@ -138,7 +138,7 @@ def test_runtimes_are_data(catalog):
     assert not other.overlap_grad_sync and ours.overlap_grad_sync
     assert other.framework_overhead_bytes == ours.framework_overhead_bytes
     with pytest.raises(UserError) as error:
-        load_settings(catalog, "hivemind")
+        load_settings(catalog, "horovod")
     assert "megatron-deepspeed" in error.value.fix
 
 
