@@ -94,6 +94,17 @@ class ConfigBounds:
                 )
         return self._fastest[key]
 
+    def stage_rhos(
+        self, mbs: int, gpus: tuple[str, ...], tps: tuple[int, ...]
+    ) -> tuple[float, ...] | None:
+        """Per stage, ``rho`` of its pair: the least ratio of its heavy layers' times to the
+        config's fastest pair's (None if the profile lacks a pair)."""
+        fastest = self.fastest(mbs, frozenset(zip(gpus, tps, strict=True)))
+        if fastest is None:
+            return None
+        rho = fastest[2]
+        return tuple(rho[pair] for pair in zip(gpus, tps, strict=True))
+
     def forward_share(self, mbs: int, pairs: frozenset) -> float:
         """The least share of forward in forward + backward over the layers on ``pairs``: a stage's
         forward takes at least this share of its time."""

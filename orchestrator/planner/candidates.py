@@ -10,6 +10,7 @@ and it can cost no less than its GPUs at the cheapest allowed price for that lon
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -26,7 +27,7 @@ from orchestrator.planner.splits import Split
 from orchestrator.profiles.profile import ModelProfile
 from orchestrator.simulator import Estimate, NetworkView, PriceView, SimulatorSettings, simulate
 from orchestrator.simulator.collectives import compressed_bytes
-from orchestrator.simulator.core import latency_aware_plan_warmup
+from orchestrator.simulator.core import latency_aware_plan_warmup, stage_sync_s
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,19 @@ class LinkBounds:
     regions: int
     most_in_one_place: dict[str, int]  # GPU type -> the most GPUs one place can give
     most_in_one_region: dict[str, int]  # GPU type -> the most GPUs one region's places can give
+    # GPU type -> the best links between two of its nodes: (any two places, two different places)
+    # (a stage's replicas share one GPU type in the searched space, and all-reduce between their
+    # nodes: a V100 stage never gets the links of two GH200 nodes)
+    by_gpu: dict[str, tuple[tuple[float, float], tuple[float, float]]] = dataclasses.field(
+        default_factory=dict
+    )
+
+    def for_gpus(self, gpus) -> tuple[tuple[float, float], tuple[float, float]]:
+        """(best, across places) links between two nodes of one of ``gpus``."""
+        found = [self.by_gpu[g] for g in gpus if g in self.by_gpu]
+        if not found:
+            return self.best, self.across_places
+        return _top([b for b, _ in found]), _top([a for _, a in found])
 
     @classmethod
     def of(cls, space: SearchSpace, network: NetworkView) -> LinkBounds:
@@ -72,20 +86,26 @@ class LinkBounds:
         for r in space.resources:
             gpus_at.setdefault(r.infra, set()).add(r.gpu)
         best, places_, regions_ = [], [], []
+        same: dict[str, tuple[list, list]] = {}  # GPU type -> its links: any, across places
         for a in places:
             for b in places:
                 # between nodes of some pair of the GPU types there (a VM's type caps its network)
-                links = [
-                    network.link(a, b, space.streams, (x, y))
+                links = {
+                    (x, y): network.link(a, b, space.streams, (x, y))
                     for x in sorted(gpus_at[a])
                     for y in sorted(gpus_at[b])
-                ]
-                link = (min(lat for lat, _ in links), max(bw for _, bw in links))
+                }
+                link = _top(list(links.values()))
                 best.append(link)
                 if a != b:
                     places_.append(link)
                 if network.region_of(a) != network.region_of(b):
                     regions_.append(link)
+                for gpu in gpus_at[a] & gpus_at[b]:
+                    own = same.setdefault(gpu, ([], []))
+                    own[0].append(links[gpu, gpu])
+                    if a != b:
+                        own[1].append(links[gpu, gpu])
         most: dict[str, int] = {}
         by_region: dict[tuple[str, str], int] = {}
         for r in space.resources:
@@ -96,19 +116,102 @@ class LinkBounds:
         for (gpu, _), count in by_region.items():
             most_region[gpu] = max(most_region.get(gpu, 0), count)
 
-        def top(links: list) -> tuple[float, float]:
-            if not links:
-                return (float("inf"), 1e-9)  # no such pair: nothing can use it
-            return (min(lat for lat, _ in links), max(bw for _, bw in links))
-
         return cls(
-            best=top(best),
-            across_places=top(places_),
-            across_regions=top(regions_),
+            best=_top(best),
+            across_places=_top(places_),
+            across_regions=_top(regions_),
             regions=len({network.region_of(p) for p in places}),
             most_in_one_place=most,
             most_in_one_region=most_region,
+            by_gpu={g: (_top(any_), _top(apart)) for g, (any_, apart) in same.items()},
         )
+
+
+def _top(links: list) -> tuple[float, float]:
+    """The least latency and the most bandwidth of ``links`` (each may come from another)."""
+    if not links:
+        return (float("inf"), 1e-9)  # no such pair: nothing can use it
+    return (min(lat for lat, _ in links), max(bw for _, bw in links))
+
+
+def _first_backward_ends(
+    times: list[tuple[float, float, float]],
+    m: int,
+    start: list[float],
+    back: list[float],
+    forward_hold: list[float],
+) -> list[float]:
+    """Per stage, the least time its first backward ends under any warm-up at least 1F1B's
+    standard one (the simulator's and the runtime's): stage ``s`` of ``P`` runs ``min(m, P - s)``
+    forwards before its first backward, and its ``j``-th forward ends no sooner than ``j - 1``
+    of the slowest forward or forward channel above it after its first; the first backward then
+    waits for the one below it to come back."""
+    stages = len(times)
+    pace, ends = 0.0, [0.0] * stages
+    paces = []
+    for s in range(stages):
+        pace = max(pace, times[s][0], forward_hold[s - 1] if s else 0.0)
+        paces.append(pace)
+    below = 0.0
+    for s in range(stages - 1, -1, -1):
+        f, b, _ = times[s]
+        warm = start[s] + f + (min(m, stages - s) - 1) * paces[s]
+        ready = below + back[s] if s < stages - 1 else 0.0
+        ends[s] = below = max(warm, ready) + b
+    return ends
+
+
+def _pipeline_bound(
+    times: list[tuple[float, float, float]],
+    m: int,
+    ahead: list[float],
+    back: list[float],
+    occupy: tuple[list[float], list[float]],
+    exposed: list[float],
+    tied: float | None,
+    stages: int,
+    in_flight: float,
+) -> float:
+    """The least iteration of one pipeline of ``m`` microbatches whose links take ``ahead`` and
+    ``back`` seconds per activation and gradient (latency included) and hold their channel each way
+    for ``occupy`` seconds per transfer, each stage then exposing ``exposed`` seconds of all-reduce
+    (``Evaluator.time_lower_bounds`` says why each term holds). A link's channel carries one
+    transfer at a time each way (simulator/pipeline.py): the last of ``m`` activations leaves stage
+    ``s`` no sooner than ``m - 1`` occupancies after the first, and the last gradient reaches it no
+    sooner than ``m - 1`` after the first gradient."""
+    start, downstream = [0.0] * stages, [0.0] * stages
+    for s in range(1, stages):
+        start[s] = start[s - 1] + times[s - 1][0] + ahead[s - 1]
+    for s in range(stages - 2, -1, -1):
+        f, b, _ = times[s + 1]
+        downstream[s] = downstream[s + 1] + f + b + ahead[s] + back[s]
+    forward_hold, backward_hold = occupy
+    first_back = _first_backward_ends(times, m, start, back, forward_hold)
+    worst = previous = 0.0
+    for s in range(stages - 1, -1, -1):
+        f, b, update = times[s]
+        end = max(start[s] + m * (f + b), start[s] + m * f + downstream[s] + b)
+        end = max(end, first_back[s] + (m - 1) * b)  # the other backwards come after the first
+        if s < stages - 1:
+            end = max(end, previous + back[s] + b)
+            # the activations' channel to s + 1, then the gradients' channel back
+            end = max(end, start[s] + f + (m - 1) * forward_hold[s] + downstream[s] + b)
+            below = times[s + 1]
+            first_gradient = start[s + 1] + below[0] + downstream[s + 1] + below[1]
+            end = max(end, first_gradient + (m - 1) * backward_hold[s] + back[s] + b)
+        worst = max(worst, end + exposed[s] + update)
+        if tied is not None and s == stages - 1:
+            worst = max(worst, end + exposed[s] + tied)
+        previous = end
+    f, b, update = times[0]
+    most = max(stages, in_flight)
+    trip = downstream[0]
+    if m > most:
+        early = math.floor(most) - 1
+        fill = max(0.0, trip - early * f) + max(0.0, trip - early * b)
+    else:
+        fill = max(0.0, trip - (m - 1) * f, trip - (m - 1) * b)
+    return max(worst, m * (f + b) + fill + exposed[0] + update)
 
 
 def _across_comm(sent: list[float], comm: list[float], link: tuple[float, float]) -> float | None:
@@ -204,7 +307,8 @@ class Evaluator:
             profile.stage_facts(shape.tps[s], shape.split[s], shape.split[s + 1])[3] * scale
             for s in range(stages - 1)
         ]
-        comm = [latency + size / bandwidth for size in sent]
+        hold = [size / bandwidth for size in sent]  # a channel's occupancy per transfer
+        comm = [latency + t for t in hold]
         start, downstream = [0.0] * stages, [0.0] * stages  # downstream: a round trip below s
         for s in range(1, stages):
             start[s] = start[s - 1] + times[s - 1][0] + comm[s - 1]
@@ -241,9 +345,11 @@ class Evaluator:
             ]
             worst = previous = 0.0
             crossing_sync = [float("inf")] * len(crossing)  # case (b): the least over stages
+            first_back = _first_backward_ends(times, m, start, comm, hold)
             for s in range(stages - 1, -1, -1):
                 f, b, update = times[s]
                 end = max(start[s] + m * (f + b), start[s] + m * f + downstream[s] + b)
+                end = max(end, first_back[s] + (m - 1) * b)
                 if s < stages - 1:
                     end = max(end, previous + comm[s] + b)
                 exposed = self.exposed_sync(messages[s], dp, shape.gpus[s], shape.tps[s], b)
@@ -273,6 +379,65 @@ class Evaluator:
                 worst = max(worst, min(round_trip, crossing_sync[k]))
             out.append(worst)
         return out
+
+    def plan_time_bound(
+        self,
+        shape: Shape,
+        times: list[tuple[float, float, float]],
+        plan: Plan,
+        *,
+        in_flight: float = float("inf"),
+    ) -> float:
+        """A lower bound on the iteration time of ``plan`` (a placement of ``shape``) under any
+        warm-up: ``time_lower_bounds``' terms with this placement's own links (each pipeline's
+        hops, the pipeline ends' link for a tied weight) and each stage's own all-reduce, as the
+        simulator computes them. Cheap beside a simulation, and within a few percent of it where
+        the pipelines are paced by their slowest stage: the search simulates a placement only
+        when this bound can still enter the best plans."""
+        profile, network, settings = self.profile, self.network, self.settings
+        stages, element = shape.stages, profile.element_bytes
+        scale = shape.mbs * element
+        sent = [
+            profile.stage_facts(shape.tps[s], shape.split[s], shape.split[s + 1])[3] * scale
+            for s in range(stages - 1)
+        ]
+        exposed = []
+        for s in range(stages):
+            sync = stage_sync_s(profile, plan, s, network=network, settings=settings)
+            message = (
+                profile.stage_gradient_elements(shape.split[s], shape.split[s + 1], shape.tps[s])
+                * element
+            )
+            exposed.append(self._exposed(sync, message, times[s][1]) if sync > 0 else 0.0)
+        tied_bytes = profile.tied_elements * element if stages > 1 else 0.0
+        micro = plan.microbatches()
+        worst = 0.0
+        for i, _ in plan.pipeline_groups:
+            row = [stage.replicas[i] for stage in plan.stages]
+            hops = [
+                network.hop(a.infra, b.infra, plan.streams, a.gpu, b.gpu)
+                for a, b in zip(row, row[1:], strict=False)
+            ]
+            hold = (
+                [size * x for (_, x, _), size in zip(hops, sent, strict=True)],
+                [size * y for (_, _, y), size in zip(hops, sent, strict=True)],
+            )
+            ahead = [hop[0] + t for hop, t in zip(hops, hold[0], strict=True)]
+            back = [hop[0] + t for hop, t in zip(hops, hold[1], strict=True)]
+            tied = None
+            if tied_bytes:
+                head, tail = row[0], row[-1]
+                lat, _, to_first = network.hop(
+                    head.infra, tail.infra, plan.streams, head.gpu, tail.gpu
+                )
+                tied = lat + tied_bytes * to_first + times[0][2]
+            worst = max(
+                worst,
+                _pipeline_bound(
+                    times, micro[i], ahead, back, hold, exposed, tied, stages, in_flight
+                ),
+            )
+        return worst
 
     def _tied_bound(self, shape: Shape, times, latency: float, bandwidth: float):
         """For a tied weight split over the first and last stages (simulator's
@@ -335,8 +500,10 @@ class Evaluator:
         links = self.links()
         # a flat ring (or a hierarchy inside one region) over dp replicas; when they do not fit in
         # one place the ring crosses places, and its slowest link is at best the best such link
+        # between two nodes of the stage's GPU type
         fits = any(dp * t <= links.most_in_one_place.get(g, 0) for g, t in pairs)
-        latency, bandwidth = links.best if fits else links.across_places
+        best, across = links.for_gpus({g for g, _ in pairs})
+        latency, bandwidth = best if fits else across
         sync = 2 * (dp - 1) * (latency + message / dp / bandwidth)
         if "hierarchical" in self.space.allreduce and links.regions > 1:
             element = self.profile.element_bytes

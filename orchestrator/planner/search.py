@@ -261,12 +261,14 @@ class _Search:
         pairs: frozenset,
         first: tuple[str, int],
         count: bool,
+        rhos: tuple[float, ...] | None = None,
     ) -> tuple[float, list[tuple[float, int]]] | None:
         """(the best value over ``degrees``, (value bound, degree) of those that may meet the
         limits) for pipelines of
         ``stages`` stages whose heavy layers take ``total`` seconds at best, whose slowest stage
         takes ``slowest`` at least and whose first stage runs on the (GPU, TP) pair ``first``;
-        None if no degree may."""
+        None if no degree may. ``rhos``: per stage, the least ratio of its pair's times to the
+        fastest pair's (a config; a family's stages are not placed yet)."""
         batch = self.space.global_batch_size
         budget = self.objective.budget_usd_per_hour
         if budget is not None and degrees:  # GPUs alone cost hourly * D; egress only adds
@@ -282,13 +284,15 @@ class _Search:
 
         def seconds(dp: int) -> float:
             # Stage s cannot finish before the work of the stages ahead of it plus m microbatches of
-            # its own; the most work P stages can hold under that limit is T * (1 - (1 - 1/m)^P).
+            # its own; the most work P stages can hold under that limit is T * (1 - (1 - 1/m)^P),
+            # less where slower stages hold it (``_held_work``).
             # All GPUs there are together can do no more than their speeds allow.
             # All of that ends with the first stage's last backward (every other stage's last
             # backward comes before it); the first stage's all-reduce and step come after.
             m = -(-batch // (mbs * dp))  # the fullest pipeline's microbatches
+            held = _held_share(m, stages) if rhos is None else _held_work(m, rhos)
             pipeline = max(
-                total / _held_share(m, stages),
+                total / held,
                 m * slowest,
                 total + (m - 1) * forward * slowest,
                 fleet,
@@ -343,6 +347,7 @@ class _Search:
             pairs=pairs,
             first=(gpus[0], tps[0]),
             count=True,
+            rhos=self.bounds.stage_rhos(mbs, gpus, tps),
         )
         if found is not None:
             value, values = found
@@ -445,6 +450,10 @@ class _Search:
                 self._skipped("degrees")
                 return
         feasible = False
+        times = self.e.stage_times(shape)
+        in_flight = self.bounds.most_in_flight(
+            shape.mbs, shape.gpus[0], shape.tps[0], shape.split[0], shape.split[1]
+        )
         for spot in self.space.spot_options:
             limit = self.options.exact_placements_limit
             if not exact(self.space, shape.gpus, shape.tps, dp, spot, limit):
@@ -464,12 +473,29 @@ class _Search:
                     )
                     for compression in compressions:
                         plan = self.e.build(shape, columns, allreduce, compression, spot)
+                        if self._placement_cannot_enter(shape, times, plan, in_flight):
+                            self.result.skipped["placement bound"] += 1
+                            continue
                         evaluated = self.e.evaluate(plan)
                         self._record((shape.mbs, shape.gpus, shape.tps, dp), evaluated)
                         feasible = feasible or evaluated.score.feasible
         if feasible and self._between.tried:
             self._between.met(shape, dp)
         self._report()
+
+    def _placement_cannot_enter(self, shape: Shape, times, plan, in_flight: float) -> bool:
+        """True when this placement's own bound (its links, its all-reduces) cannot beat the
+        k-th best plan kept: simulating it could change nothing listed, the best included."""
+        if self.kth_value == float("-inf"):
+            return False
+        seconds = self.e.plan_time_bound(shape, times, plan, in_flight=in_flight)
+        batch = self.space.global_batch_size
+        if self.objective.goal == "max_throughput":
+            value = batch / seconds
+        else:
+            hourly = self.e.prices.hourly_usd(plan.stage_kinds)
+            value = -(hourly * seconds / 3600 / batch * 1e6)
+        return value <= self.kth_value
 
     def _skipped(self, what: str) -> None:
         """A heuristic left some of the current item's choices untried; its bound covers them."""
@@ -583,6 +609,20 @@ def _held_share(microbatches: int, stages: int) -> float:
     if microbatches <= 1:
         return 1.0
     return -math.expm1(stages * math.log1p(-1 / microbatches))
+
+
+def _held_work(microbatches: int, rhos: tuple[float, ...]) -> float:
+    """The most work (in the fastest pair's seconds) stages whose times are at least ``rhos``
+    times that can hold in one second of pipeline, when stage ``s`` must finish the work of the
+    stages ahead of it (one microbatch each) and ``m`` microbatches of its own:
+    ``sum_{r<s} rho_r x_r + m rho_s x_s <= 1``. Solved from the last stage back: ``v_s`` is what
+    stages ``s..`` hold per second left; stage ``s`` takes all it can when that beats leaving the
+    time to the stages after it. With every ``rho`` 1 this is ``1 - (1 - 1/m)^P``."""
+    m = microbatches
+    value = 0.0
+    for rho in reversed(rhos):
+        value = max(value, 1 / (m * rho) + value * (1 - 1 / m))
+    return value
 
 
 def search(

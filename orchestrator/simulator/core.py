@@ -43,7 +43,7 @@ from orchestrator.simulator.estimate import (
 )
 from orchestrator.simulator.gather import gatherer
 from orchestrator.simulator.memory import memory_shape, memory_terms, stage_regions
-from orchestrator.simulator.pipeline import latency_aware_warmup, runner
+from orchestrator.simulator.pipeline import joint_latency_aware_warmup, runner
 from orchestrator.simulator.settings import SimulatorSettings
 
 SOURCE_RANK = {"measured": 0, "imported": 1, "estimated": 2}
@@ -81,14 +81,7 @@ def _stage_entries(
     table = _profile_cache(profile, "entries", settings)  # memory depends on the settings
     # an all-reduce depends on these and on its group's kinds of replica and their counts, keyed
     # by their fields (``Replica._key``: plain tuples, hashed without calling Python code)
-    common = (
-        plan.allreduce,
-        plan.compression,
-        element,
-        plan.streams,
-        settings.averaging,
-        settings.public_peers,
-    )
+    common = _sync_common(plan, element, settings)
     sync_cache = network.sync_cache
     most, warmup = max(plan.microbatches()), plan.warmup
     compute, stages, peak, oom, gpus = [], [], 0.0, False, set()
@@ -128,6 +121,49 @@ def _stage_entries(
                 )
         stages.append((forward, backward, update, entries[0][4], coefficients))
     return compute, stages, (peak, oom, frozenset(gpus))
+
+
+def _sync_common(plan: Plan, element: int, settings: SimulatorSettings) -> tuple:
+    """What an all-reduce's cost depends on besides its group (the key of ``sync_cache``)."""
+    return (
+        plan.allreduce,
+        plan.compression,
+        element,
+        plan.streams,
+        settings.averaging,
+        settings.public_peers,
+    )
+
+
+def stage_sync_s(
+    profile: ModelProfile,
+    plan: Plan,
+    s: int,
+    *,
+    network: NetworkView,
+    settings: SimulatorSettings,
+) -> float:
+    """Seconds of stage ``s``'s gradient all-reduce, as ``simulate`` computes it (0 without
+    replicas; before its round's fixed cost and before overlap): the planner bounds a placement
+    with it before simulating the placement."""
+    if plan.dp_degree < 2:
+        return 0.0
+    element = profile.element_bytes
+    group = [_sync_common(plan, element, settings)]
+    for replica, count in plan.stage_kinds[s]:
+        group.append(replica._key)
+        group.append(count)
+    group = tuple(group)
+    coefficients = network.sync_cache.get(group)
+    if coefficients is None:
+        coefficients = network.sync_cache[group] = _sync_coefficients(
+            plan, s, element, network, settings
+        )
+    start, end = plan.stages[s].layers
+    tp = plan.stages[s].replicas[0].tp
+    gradient = profile.stage_gradient_elements(start, end, tp) * element
+    fixed, slope, _ = coefficients
+    return fixed + slope * gradient if gradient > 0 else 0.0
 
 
 def _stage_rows(
@@ -300,7 +336,7 @@ def latency_aware_plan_warmup(
     profile: ModelProfile, plan: Plan, network: NetworkView
 ) -> tuple[int, ...]:
     """Warm-ups that keep every pipeline of ``plan`` paced by its slowest stage rather than by the
-    round trips of its links (the largest any pipeline needs, stage by stage)."""
+    round trips of its links (one warm-up per stage that hides every pipeline's loops)."""
     mbs, element = plan.microbatch_size, profile.element_bytes
     # per stage, per kind: forward, backward, update seconds, bytes sent on (as ``_new_entry``)
     compute = [
@@ -313,16 +349,16 @@ def latency_aware_plan_warmup(
         ]
         for stage, kinds in zip(plan.stages, plan.stage_kinds, strict=True)
     ]
-    warmup = list(plan.warmup)
     gather = gatherer(len(compute))
-    for i, _ in plan.pipeline_groups:
-        f, b, latency, fwd, bwd, _, _ = gather(
-            compute, plan.kind_of, plan.stages, i, network.hop, plan.streams
-        )
-        for s, w in enumerate(latency_aware_warmup(f, b, latency, fwd, bwd)):
-            warmup[s] = max(warmup[s], w)
+    pipelines = [
+        gather(compute, plan.kind_of, plan.stages, i, network.hop, plan.streams)[:5]
+        for i, _ in plan.pipeline_groups
+    ]
+    # one warm-up per stage for all pipelines, every pipeline's loops hidden (joint, not the largest
+    # of each pipeline's own: that can shrink the difference a loop carries)
+    warmup = joint_latency_aware_warmup(pipelines)
     most = max(plan.microbatches())  # no stage can run further ahead than there are microbatches
-    return tuple(min(w, most) for w in warmup)
+    return tuple(min(max(w, v), most) for w, v in zip(warmup, plan.warmup, strict=True))
 
 
 def _sync(coefficients: tuple | None, message: float, egress: dict) -> float:

@@ -148,16 +148,32 @@ def latency_aware_warmup(
 ) -> Warmup:
     """The smallest warm-ups, non-increasing along the pipeline and at least the standard ones, such
     that every loop carries enough microbatches to keep pace with the slowest stage or link."""
-    stages = len(f)
-    latency, occupy_fwd, occupy_bwd = _links(stages, latency, occupy_fwd, occupy_bwd)
-    pace = max([f[s] + b[s] for s in range(stages)] + list(occupy_fwd) + list(occupy_bwd))
+    return joint_latency_aware_warmup([(f, b, latency, occupy_fwd, occupy_bwd)])
+
+
+def joint_latency_aware_warmup(pipelines: Sequence[tuple]) -> Warmup:
+    """``latency_aware_warmup`` for several pipelines of one plan that share one warm-up per stage
+    (``(f, b, latency, occupy_fwd, occupy_bwd)`` each, as many stages each): every loop of every
+    pipeline keeps pace with that pipeline's slowest stage or link. Taking each pipeline's own
+    warm-ups and the largest per stage would not: a loop carries the difference of two stages'
+    warm-ups, and the largest per stage can shrink it."""
+    stages = len(pipelines[0][0])
+    loops = []
+    for f, b, latency, occupy_fwd, occupy_bwd in pipelines:
+        latency, occupy_fwd, occupy_bwd = _links(stages, latency, occupy_fwd, occupy_bwd)
+        pace = max([f[s] + b[s] for s in range(stages)] + list(occupy_fwd) + list(occupy_bwd))
+        loops.append((f, b, latency, occupy_fwd, occupy_bwd, pace))
     warmup = [0] * stages
     for k in range(stages - 2, -1, -1):
         need = warmup[k + 1] + 1
-        weight = f[k] + b[k]
-        for k2 in range(k + 1, stages):
-            weight += f[k2] + b[k2] + 2 * latency[k2 - 1] + occupy_fwd[k2 - 1] + occupy_bwd[k2 - 1]
-            # the loop k..k2 carries warmup[k] - warmup[k2] + 1 microbatches; it must not be slower
-            need = max(need, warmup[k2] + math.ceil(weight / pace - 1e-9) - 1)
+        for f, b, latency, occupy_fwd, occupy_bwd, pace in loops:
+            weight = f[k] + b[k]
+            for k2 in range(k + 1, stages):
+                weight += (
+                    f[k2] + b[k2] + 2 * latency[k2 - 1] + occupy_fwd[k2 - 1] + occupy_bwd[k2 - 1]
+                )
+                # the loop k..k2 carries warmup[k] - warmup[k2] + 1 microbatches; it must not be
+                # slower than the pipeline's pace
+                need = max(need, warmup[k2] + math.ceil(weight / pace - 1e-9) - 1)
         warmup[k] = need
     return tuple(warmup)

@@ -1,0 +1,77 @@
+"""The bounds the search prunes with are bounds: on seeded random markets, every plan of the
+space (every split, placement, sync algorithm; the better of the two warm-ups the evaluator tries)
+takes at least its placement's bound (``Evaluator.plan_time_bound``: its own links and
+all-reduces) and its shape's (``time_lower_bounds``: the market's best links); and one warm-up
+shared by a plan's pipelines hides every pipeline's loops (``joint_latency_aware_warmup``)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from orchestrator.catalog import default_catalog
+from orchestrator.planner import prepare
+from orchestrator.planner.candidates import Shape
+from orchestrator.planner.exhaustive import enumerate_all
+from orchestrator.simulator.pipeline import (
+    joint_latency_aware_warmup,
+    latency_aware_warmup,
+    pipeline_time,
+)
+
+from .test_planner_exhaustive import recipe, write_market
+
+pytestmark = pytest.mark.slow  # an exhaustive enumeration per market
+
+
+def _shape(plan) -> Shape:
+    first = [s.replicas[0] for s in plan.stages]
+    split = tuple(s.layers[0] for s in plan.stages) + (plan.stages[-1].layers[1],)
+    return Shape(
+        plan.microbatch_size, tuple(r.gpu for r in first), tuple(r.tp for r in first), split
+    )
+
+
+@pytest.mark.parametrize("seed", [300, 301, 302, 303])
+def test_no_plan_beats_its_placement_or_shape_bound(seed, tmp_path):
+    write_market(random.Random(seed), tmp_path)
+    context = prepare(recipe(tmp_path, "{goal: max_throughput}", 3), default_catalog())
+    evaluator, checked, tight = context.evaluator, 0, 0
+    from orchestrator.planner.bounds import ConfigBounds
+
+    bounds = ConfigBounds(evaluator.profile, evaluator.settings)
+    for evaluated in enumerate_all(evaluator, context.space):
+        plan, seconds = evaluated.plan, evaluated.estimate.iteration_time_s
+        shape = _shape(plan)
+        times = evaluator.stage_times(shape)
+        in_flight = bounds.most_in_flight(
+            shape.mbs, shape.gpus[0], shape.tps[0], shape.split[0], shape.split[1]
+        )
+        placed = evaluator.plan_time_bound(shape, times, plan, in_flight=in_flight)
+        (shaped,) = evaluator.time_lower_bounds(shape, times, [plan.dp_degree], in_flight=in_flight)
+        assert placed <= seconds * (1 + 1e-9), (plan.to_yaml(), placed, seconds)
+        assert shaped <= seconds * (1 + 1e-9), (plan.to_yaml(), shaped, seconds)
+        checked += 1
+        tight += placed >= 0.9 * seconds
+    assert checked > 50
+    assert tight > checked / 2  # a bound this close is what lets the search skip simulations
+
+
+def test_one_warmup_hides_the_loops_of_every_pipeline():
+    """Two pipelines of one plan, each with one slow link at another place: taking each one's own
+    warm-up and the largest per stage leaves a loop of each short; the joint warm-up does not."""
+    f, b = (0.01,) * 4, (0.02,) * 4
+    slow, fast = 0.05, 0.0005
+    first = (f, b, (slow, fast, fast), (0.001,) * 3, (0.001,) * 3)
+    second = (f, b, (fast, fast, slow), (0.001,) * 3, (0.001,) * 3)
+    each = [latency_aware_warmup(*p) for p in (first, second)]
+    largest = tuple(max(w) for w in zip(*each, strict=True))
+    joint = joint_latency_aware_warmup([first, second])
+    m = 32
+    for pipeline in (first, second):
+        paced = pipeline_time(*pipeline[:2], m, *pipeline[2:], warmup=joint)
+        assert paced.period_s == pytest.approx(0.03)  # its slowest stage, f + b
+    slower = [pipeline_time(*p[:2], m, *p[2:], warmup=largest).period_s for p in (first, second)]
+    assert max(slower) > 0.03 * 1.05
+    assert all(j >= w for j, w in zip(joint, largest, strict=True))
