@@ -71,6 +71,9 @@ class LinkBounds:
     by_gpu: dict[str, tuple[tuple[float, float], tuple[float, float]]] = dataclasses.field(
         default_factory=dict
     )
+    # GPU type -> the GPUs each place (each region) can give, largest first
+    place_capacities: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+    region_capacities: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     def for_gpus(self, gpus) -> tuple[tuple[float, float], tuple[float, float]]:
         """(best, across places) links between two nodes of one of ``gpus``."""
@@ -107,14 +110,22 @@ class LinkBounds:
                     if a != b:
                         own[1].append(links[gpu, gpu])
         most: dict[str, int] = {}
+        by_place: dict[tuple[str, str], int] = {}
         by_region: dict[tuple[str, str], int] = {}
         for r in space.resources:
             most[r.gpu] = max(most.get(r.gpu, 0), r.capacity)
+            by_place[(r.gpu, r.infra)] = max(by_place.get((r.gpu, r.infra), 0), r.capacity)
             key = (r.gpu, network.region_of(r.infra))
             by_region[key] = by_region.get(key, 0) + r.capacity
         most_region: dict[str, int] = {}
         for (gpu, _), count in by_region.items():
             most_region[gpu] = max(most_region.get(gpu, 0), count)
+
+        def capacities(counts: dict[tuple[str, str], int]) -> dict[str, tuple[int, ...]]:
+            out: dict[str, list[int]] = {}
+            for (gpu, _), count in counts.items():
+                out.setdefault(gpu, []).append(count)
+            return {g: tuple(sorted(c, reverse=True)) for g, c in out.items()}
 
         return cls(
             best=_top(best),
@@ -124,7 +135,46 @@ class LinkBounds:
             most_in_one_place=most,
             most_in_one_region=most_region,
             by_gpu={g: (_top(any_), _top(apart)) for g, (any_, apart) in same.items()},
+            place_capacities=capacities(by_place),
+            region_capacities=capacities(by_region),
         )
+
+
+PACKING_STEPS = 20_000  # a packing search that takes longer says "may fit" (the weaker bound)
+
+
+@functools.lru_cache(maxsize=4096)
+def groups_fit_apart(sizes: tuple[int, ...], capacities: tuple[int, ...]) -> bool:
+    """Whether groups of ``sizes`` GPUs (largest first) can each go whole into one of the bins
+    of ``capacities``: when not, some group must span two bins. Exact depth-first search over the
+    groups, bins of equal room tried once; past ``PACKING_STEPS`` it answers True, which only
+    keeps a bound weaker."""
+    if sum(sizes) > sum(capacities):
+        return False
+    if len(set(sizes)) == 1:  # equal groups: each bin takes as many whole ones as it holds
+        return sum(c // sizes[0] for c in capacities) >= len(sizes)
+    steps, failed = 0, set()
+    rest = [sum(sizes[i:]) for i in range(len(sizes) + 1)]
+
+    def place(i: int, rooms: tuple[int, ...]) -> bool:
+        nonlocal steps
+        steps += 1
+        if i == len(sizes) or steps > PACKING_STEPS:
+            return True
+        smallest = sizes[-1]  # largest first: the rest are no larger than this one
+        if sum(r for r in rooms if r >= smallest) < rest[i] or (i, rooms) in failed:
+            return False
+        tried = set()
+        for k, room in enumerate(rooms):
+            if room >= sizes[i] and room not in tried:
+                tried.add(room)
+                left = rooms[:k] + (room - sizes[i],) + rooms[k + 1 :]
+                if place(i + 1, tuple(sorted(left, reverse=True))):
+                    return True
+        failed.add((i, rooms))
+        return False
+
+    return place(0, capacities)
 
 
 def _top(links: list) -> tuple[float, float]:
@@ -214,6 +264,32 @@ def _pipeline_bound(
     return max(worst, m * (f + b) + fill + exposed[0] + update)
 
 
+def _stage_groups_fit(
+    shape: Shape, dp: int, bins: dict[str, tuple[int, ...]], without: int = -1
+) -> bool:
+    """Whether every stage's ``dp`` replicas (``dp * tp`` GPUs) but stage ``without``'s can keep
+    to one bin each (place or region), the stages of each GPU type sharing that type's bins."""
+    sizes: dict[str, list[int]] = {}
+    for s, (gpu, tp) in enumerate(zip(shape.gpus, shape.tps, strict=True)):
+        if s != without:
+            sizes.setdefault(gpu, []).append(dp * tp)
+    return all(
+        groups_fit_apart(tuple(sorted(group, reverse=True)), bins.get(gpu, ()))
+        for gpu, group in sizes.items()
+    )
+
+
+def _crossing_candidates(
+    shape: Shape, dp: int, bins: dict[str, tuple[int, ...]]
+) -> tuple[int, ...] | None:
+    """None when every stage's group may keep to one bin; else the stages whose group may be the
+    only one to span bins (every other one keeping to one). A spanning group can take whatever
+    room the others leave, so that holds when the others fit apart."""
+    if _stage_groups_fit(shape, dp, bins):
+        return None
+    return tuple(s for s in range(shape.stages) if _stage_groups_fit(shape, dp, bins, s))
+
+
 def _across_comm(sent: list[float], comm: list[float], link: tuple[float, float]) -> float | None:
     """The least one hop of a pipeline adds when it goes over ``link`` (the best between two
     places, or two regions) rather than the market's best (``comm``, for activations of ``sent``
@@ -264,6 +340,7 @@ class Evaluator:
         self._rates = {r.infra: (r.cloud, r.preemption_rate_per_hour) for r in space.resources}
         self._replicas: dict[tuple, Replica] = {}
         self._syncs: dict[tuple, float] = {}  # (message, dp, gpu, tp) -> least all-reduce seconds
+        self._crossings: dict[tuple, tuple[int, ...] | None] = {}
         self._links: LinkBounds | None = None
 
     def microbatches(self, shape: Shape, dp: int) -> int:
@@ -328,23 +405,25 @@ class Evaluator:
         need = shape.gpus_per_pipeline()
         links = self.links()
         levels = [
-            (most, link, _across_comm(sent, comm, link))
-            for most, link in (
-                (links.most_in_one_place, links.across_places),
-                (links.most_in_one_region, links.across_regions),
+            (most, link, _across_comm(sent, comm, link), bins)
+            for most, link, bins in (
+                (links.most_in_one_place, links.across_places, links.place_capacities),
+                (links.most_in_one_region, links.across_regions, links.region_capacities),
             )
         ]
         tied = self._tied_bound(shape, times, latency, bandwidth)
         out = []
         for dp in degrees:
             m = self.microbatches(shape, dp)
+            # where the stages' groups cannot each keep to one place (region), some group spans
+            # two whatever the pipelines do: its all-reduce crossing binds alone
             crossing = [
-                (link, extra)
-                for most, link, extra in levels
+                (link, extra, self._crossing_candidates(shape, dp, bins, level))
+                for level, (most, link, extra, bins) in enumerate(levels)
                 if extra is not None and any(dp * n > most.get(g, 0) for g, n in need.items())
             ]
             worst = previous = 0.0
-            crossing_sync = [float("inf")] * len(crossing)  # case (b): the least over stages
+            crossing_sync = [[] for _ in crossing]  # case (b): per stage, were it to cross
             first_back = _first_backward_ends(times, m, start, comm, hold)
             for s in range(stages - 1, -1, -1):
                 f, b, update = times[s]
@@ -358,9 +437,9 @@ class Evaluator:
                     # the first stage's step waits for the last stage's share of the tied gradient
                     worst = max(worst, end + exposed + tied)
                 if dp > 1:  # one pipeline has no all-reduce to cross with
-                    for k, (link, _) in enumerate(crossing):
+                    for k, (link, _, _) in enumerate(crossing):
                         cross = self._exposed_across(messages[s], dp, b, link)
-                        crossing_sync[k] = min(crossing_sync[k], end + max(exposed, cross) + update)
+                        crossing_sync[k].append(end + max(exposed, cross) + update)
                 previous = end
             f, b, update = times[0]
             exposed = self.exposed_sync(messages[0], dp, shape.gpus[0], shape.tps[0], b)
@@ -374,9 +453,19 @@ class Evaluator:
             else:  # at most the other m - 1 forwards, or backwards, fill either window
                 fill = max(0.0, trip - (m - 1) * f, trip - (m - 1) * b)
             worst = max(worst, m * (f + b) + fill + exposed + update)
-            for k, (_, extra) in enumerate(crossing):
+            for k, (_, extra, alone) in enumerate(crossing):
                 round_trip = m * f + downstream[0] + 2 * extra + b + exposed + update
-                worst = max(worst, min(round_trip, crossing_sync[k]))
+                syncs = crossing_sync[k][::-1]  # stage order
+                if not syncs:
+                    worst = max(worst, round_trip)
+                elif alone is None:  # every stage's group may keep to one bin
+                    worst = max(worst, min(round_trip, min(syncs)))
+                else:
+                    # some group spans two bins: one of those that may alone (the others then
+                    # fitting apart), or two or more, the slower of which takes at least the
+                    # second least
+                    two = sorted(syncs)[1] if len(syncs) > 1 else float("inf")
+                    worst = max(worst, min([two] + [syncs[s] for s in alone]))
             out.append(worst)
         return out
 
@@ -439,6 +528,16 @@ class Evaluator:
             )
         return worst
 
+    def _crossing_candidates(
+        self, shape: Shape, dp: int, bins: dict[str, tuple[int, ...]], level: int
+    ) -> tuple[int, ...] | None:
+        """``_crossing_candidates``, cached: splits and shapes of one config ask it again."""
+        key = (shape.gpus, shape.tps, dp, level)
+        found = self._crossings.get(key, False)
+        if found is False:
+            found = self._crossings[key] = _crossing_candidates(shape, dp, bins)
+        return found
+
     def _tied_bound(self, shape: Shape, times, latency: float, bandwidth: float):
         """For a tied weight split over the first and last stages (simulator's
         ``_tied_exchange``): from the last stage's synchronized gradients, the least until the
@@ -467,7 +566,12 @@ class Evaluator:
             if "hierarchical" in self.space.allreduce:
                 element = self.profile.element_bytes
                 least = min(compressed_bytes(message, element, c) for c in self.space.compression)
-                options.append(2 * latency + least / bandwidth)
+                links = self.links()
+                if link == links.across_regions and links.regions > 1:
+                    # across regions: also its in-region phases, over the largest region's part
+                    options.append(_hierarchical_lower_bound(links, dp, message, least))
+                else:
+                    options.append(2 * latency + least / bandwidth)
             sync = self._syncs[key] = min(options) if options else 0.0
         return self._exposed(sync, message, backward_s)
 

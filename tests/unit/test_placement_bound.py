@@ -75,3 +75,25 @@ def test_one_warmup_hides_the_loops_of_every_pipeline():
     slower = [pipeline_time(*p[:2], m, *p[2:], warmup=largest).period_s for p in (first, second)]
     assert max(slower) > 0.03 * 1.05
     assert all(j >= w for j, w in zip(joint, largest, strict=True))
+
+
+def test_groups_fit_apart_packs_whole_groups():
+    from orchestrator.planner.candidates import groups_fit_apart
+
+    assert groups_fit_apart((344, 172), (512, 128)) is False  # 516 GPUs, but not split up
+    assert groups_fit_apart((344, 86), (512, 128)) is True
+    assert groups_fit_apart((49,) * 13, (128, 128, 128, 128, 128)) is False  # 2 a bin: 10 < 13
+    assert groups_fit_apart((49,) * 10, (128,) * 5) is True
+    assert groups_fit_apart((5, 4, 3), (6, 6)) is False and groups_fit_apart((5, 4, 3), (7, 6))
+
+
+def test_a_shape_whose_stage_groups_cannot_keep_to_a_region_pays_a_crossing_all_reduce():
+    """Three stages at TP 1, 4, 2 on 86 pipelines: 602 A100s, more than us-central1's 512, and
+    neither the TP-4 nor the TP-2 stage's group fits us-west1's 128: one of them spans the two
+    regions, so one of their all-reduces crosses (not only a pipeline hop, which is cheaper)."""
+    from orchestrator.planner.candidates import _crossing_candidates
+
+    bins = {"A100": (512, 128)}
+    shape = Shape(4, ("A100",) * 3, (1, 4, 2), (0, 5, 19, 26))
+    assert _crossing_candidates(shape, 86, bins) == (1, 2)
+    assert _crossing_candidates(shape, 40, bins) is None
