@@ -45,6 +45,7 @@ class ConfigBounds:
         self._share: dict = {}
         self._mins: dict = {}
         self._families: dict = {}
+        self._rhos: dict = {}
 
     def bytes_per_param(self) -> int:
         """Weights, gradients, optimizer state and fp32 master weights (mixed precision)."""
@@ -97,13 +98,44 @@ class ConfigBounds:
     def stage_rhos(
         self, mbs: int, gpus: tuple[str, ...], tps: tuple[int, ...]
     ) -> tuple[float, ...] | None:
-        """Per stage, ``rho`` of its pair: the least ratio of its heavy layers' times to the
-        config's fastest pair's (None if the profile lacks a pair)."""
-        fastest = self.fastest(mbs, frozenset(zip(gpus, tps, strict=True)))
-        if fastest is None:
+        """Per stage, ``rho`` of its pair over the layers it may hold: stage ``s`` of ``P`` holds
+        only layers of ``[s, s + L - P]`` (contiguous splits, one layer at least per stage), so
+        the least ratio of its pair's times to the fastest pair's is taken over the heavy layers
+        of that window. A middle stage never holds the embedding or the head, whose speed ratios
+        between GPU types can be far from the blocks' (GPT-Neo: V100 at TP 4 takes 1.1x the A100's
+        time for the embedding, 3.9x for a block). None if the profile lacks a pair."""
+        pairs = frozenset(zip(gpus, tps, strict=True))
+        if self.fastest(mbs, pairs) is None:
             return None
-        rho = fastest[2]
-        return tuple(rho[pair] for pair in zip(gpus, tps, strict=True))
+        slack = self.profile.num_layers - len(gpus)
+        return tuple(
+            self._window_rho(mbs, pairs, pair, s, s + slack)
+            for s, pair in enumerate(zip(gpus, tps, strict=True))
+        )
+
+    def _window_rho(self, mbs: int, pairs: frozenset, pair: tuple, low: int, high: int) -> float:
+        key = (mbs, pairs, pair, low, high)
+        cached = self._rhos.get(key)
+        if cached is None:
+            u, heavy = self._heavy(mbs, pairs)
+            work = self.layer_work(mbs, *pair)
+            inside = [work[i] / u[i] for i in heavy if low <= i <= high]
+            cached = self._rhos[key] = min(inside) if inside else self.fastest(mbs, pairs)[2][pair]
+        return cached
+
+    def _heavy(self, mbs: int, pairs: frozenset) -> tuple[list[float], list[int]]:
+        """``u`` per layer (the fastest pair's time) and the heavy layers' indices."""
+        key = ("heavy", mbs, pairs)
+        cached = self._rhos.get(key)
+        if cached is None:
+            works = [self.layer_work(mbs, *pair) for pair in pairs]
+            u = [min(column) for column in zip(*works, strict=True)]
+            typical = statistics.median(u)
+            cached = self._rhos[key] = (
+                u,
+                [i for i, value in enumerate(u) if value >= HEAVY_LAYER_SHARE * typical],
+            )
+        return cached
 
     def forward_share(self, mbs: int, pairs: frozenset) -> float:
         """The least share of forward in forward + backward over the layers on ``pairs``: a stage's
@@ -171,26 +203,29 @@ class ConfigBounds:
         stages = len(gpus)
         rows: dict[tuple, int] = {}
         held = 0
+        rhos = self.stage_rhos(mbs, gpus, tps)
         for s, pair in enumerate(zip(gpus, tps, strict=True)):
             # standard 1F1B keeps P - s microbatches in flight (fewer when there are fewer)
             n = self.max_layers(mbs, *pair, min(stages - s, m))
             if n <= 0:
                 return None
             held += n
-            rows[(pair, n)] = rows.get((pair, n), 0) + 1
+            key = (rhos[s], n)  # the stage's speed over the layers it may hold, and their count
+            rows[key] = rows.get(key, 0) + 1
         if held < self.profile.num_layers:
             return None
 
         def take(value) -> float:
             return sum(count * value(choice) for choice, count in rows.items())
 
-        rho, largest_first = fastest[2], fastest[3]
+        largest_first = fastest[3]
         heavy = len(largest_first) - 1
         pieces = []  # (T at which the stages are full, rho, u they hold then, how many)
-        for (pair, n), count in rows.items():
+        for (rho, n), count in rows.items():
             cap = largest_first[min(n, heavy)]
-            pieces.append((cap * rho[pair], rho[pair], cap, count))
-        return fastest[0], self._slowest(fastest, take, _least_time(pieces, fastest[0]))
+            pieces.append((cap * rho, rho, cap, count))
+        by_work = _least_time(pieces, fastest[0])
+        return fastest[0], self._slowest(fastest, take, by_work, rates={r for r, _ in rows})
 
     def forced_layers(self, mbs: int, gpus: tuple[str, ...], tps: tuple[int, ...]) -> float:
         """A lower bound on the slowest stage from the layers a stage cannot avoid: stage ``s`` of
@@ -251,7 +286,7 @@ class ConfigBounds:
         fewest activations in flight), stages given to the pairs that hold the most; None if no
         such config fits in memory."""
         # many data-parallel degrees leave the same counts (the large ones: one stage per pair)
-        key = (mbs, stages, frozenset(most_stages.items()))
+        key = (mbs, stages, tuple(most_stages.items()))  # in block order: the windows depend on it
         if key not in self._families:
             self._families[key] = self._family_slowest(mbs, stages, most_stages)
         return self._families[key]
@@ -262,8 +297,17 @@ class ConfigBounds:
         fastest = self.fastest(mbs, frozenset(most_stages))
         if fastest is None:
             return None
+        # block b of n (in order) holds layers of [b, L - n + b] only (``stage_rhos``)
+        pairs, blocks, layers = frozenset(most_stages), len(most_stages), self.profile.num_layers
         pool = [
-            ((pair, self.max_layers(mbs, *pair, 1)), most) for pair, most in most_stages.items()
+            (
+                (
+                    self._window_rho(mbs, pairs, pair, b, layers - blocks + b),
+                    self.max_layers(mbs, *pair, 1),
+                ),
+                most,
+            )
+            for b, (pair, most) in enumerate(most_stages.items())
         ]
 
         def take(value) -> float:  # the best stages first, up to each pair's count, P in all
@@ -278,30 +322,33 @@ class ConfigBounds:
 
         if take(lambda choice: choice[1]) < self.profile.num_layers:
             return None
-        return fastest[0], self._slowest(fastest, take)
+        return fastest[0], self._slowest(fastest, take, rates={r for (r, _), _ in pool})
 
-    def _slowest(self, fastest: tuple, take, by_work: float | None = None) -> float:
+    def _slowest(
+        self, fastest: tuple, take, by_work: float | None = None, rates: set | None = None
+    ) -> float:
         """The least T for which the stages can hold the heavy layers, by their work (``by_work``
-        when known) and by their number; ``take(value)`` adds up ``value((pair, most layers
-        held))`` over the stages."""
+        when known) and by their number; ``take(value)`` adds up ``value((rho, most layers
+        held))`` over the stages. ``rates``: the stages' rho values when not the pairs' own."""
         total, largest, rho, largest_first, smallest_first, candidates = fastest
         heavy = len(largest_first) - 1
+        if rates is not None and not rates <= set(rho.values()):
+            candidates = sorted({r * value for r in rates for value in smallest_first[1:]})
 
         def work_held(t: float) -> float:
-            return take(
-                lambda choice: min(t / rho[choice[0]], largest_first[min(choice[1], heavy)])
-            )
+            return take(lambda choice: min(t / choice[0], largest_first[min(choice[1], heavy)]))
 
         def layers_held(t: float) -> float:
             return take(
                 lambda choice: min(
-                    bisect.bisect_right(smallest_first, t / rho[choice[0]]) - 1, choice[1]
+                    bisect.bisect_right(smallest_first, t / choice[0]) - 1, choice[1]
                 )
             )
 
         low = by_work
         if low is None:
-            low, high = 0.0, max(rho.values()) * total  # one stage on the slowest pair: all of it
+            # one stage on the slowest pair: all of it
+            low, high = 0.0, max(rates or rho.values()) * total
             for _ in range(16):  # low stays a lower bound at every step
                 middle = (low + high) / 2
                 if work_held(middle) < total:
