@@ -104,24 +104,39 @@ class ConfigBounds:
         of that window. A middle stage never holds the embedding or the head, whose speed ratios
         between GPU types can be far from the blocks' (GPT-Neo: V100 at TP 4 takes 1.1x the A100's
         time for the embedding, 3.9x for a block). None if the profile lacks a pair."""
+        key = ("stages", mbs, gpus, tps)
+        if key in self._rhos:
+            return self._rhos[key]
         pairs = frozenset(zip(gpus, tps, strict=True))
-        if self.fastest(mbs, pairs) is None:
-            return None
-        slack = self.profile.num_layers - len(gpus)
-        return tuple(
-            self._window_rho(mbs, pairs, pair, s, s + slack)
-            for s, pair in enumerate(zip(gpus, tps, strict=True))
-        )
+        found = None
+        if self.fastest(mbs, pairs) is not None:
+            slack = self.profile.num_layers - len(gpus)
+            found = tuple(
+                self._window_rho(mbs, pairs, pair, s, s + slack)
+                for s, pair in enumerate(zip(gpus, tps, strict=True))
+            )
+        self._rhos[key] = found
+        return found
 
     def _window_rho(self, mbs: int, pairs: frozenset, pair: tuple, low: int, high: int) -> float:
-        key = (mbs, pairs, pair, low, high)
-        cached = self._rhos.get(key)
-        if cached is None:
+        key = ("windows", mbs, pairs, pair)
+        table = self._rhos.get(key)
+        if table is None:  # table[low][high]: the least ratio over the heavy layers low..high
             u, heavy = self._heavy(mbs, pairs)
             work = self.layer_work(mbs, *pair)
-            inside = [work[i] / u[i] for i in heavy if low <= i <= high]
-            cached = self._rhos[key] = min(inside) if inside else self.fastest(mbs, pairs)[2][pair]
-        return cached
+            ratio = [float("inf")] * len(u)
+            for i in heavy:
+                ratio[i] = work[i] / u[i]
+            table = []
+            for first in range(len(u)):
+                row, least = [float("inf")] * len(u), float("inf")
+                for last in range(first, len(u)):
+                    least = min(least, ratio[last])
+                    row[last] = least
+                table.append(row)
+            self._rhos[key] = table
+        found = table[low][min(high, len(table) - 1)]
+        return found if found < float("inf") else self.fastest(mbs, pairs)[2][pair]
 
     def _heavy(self, mbs: int, pairs: frozenset) -> tuple[list[float], list[int]]:
         """``u`` per layer (the fastest pair's time) and the heavy layers' indices."""
@@ -286,7 +301,7 @@ class ConfigBounds:
         fewest activations in flight), stages given to the pairs that hold the most; None if no
         such config fits in memory."""
         # many data-parallel degrees leave the same counts (the large ones: one stage per pair)
-        key = (mbs, stages, tuple(most_stages.items()))  # in block order: the windows depend on it
+        key = (mbs, stages, frozenset(most_stages.items()))
         if key not in self._families:
             self._families[key] = self._family_slowest(mbs, stages, most_stages)
         return self._families[key]
@@ -297,17 +312,12 @@ class ConfigBounds:
         fastest = self.fastest(mbs, frozenset(most_stages))
         if fastest is None:
             return None
-        # block b of n (in order) holds layers of [b, L - n + b] only (``stage_rhos``)
-        pairs, blocks, layers = frozenset(most_stages), len(most_stages), self.profile.num_layers
+        # the pairs' own ratios over every heavy layer: the blocks' order is not known here (a
+        # family's bound is shared by its orders), so neither are the layers each may hold
+        rho = fastest[2]
         pool = [
-            (
-                (
-                    self._window_rho(mbs, pairs, pair, b, layers - blocks + b),
-                    self.max_layers(mbs, *pair, 1),
-                ),
-                most,
-            )
-            for b, (pair, most) in enumerate(most_stages.items())
+            ((rho[pair], self.max_layers(mbs, *pair, 1)), most)
+            for pair, most in most_stages.items()
         ]
 
         def take(value) -> float:  # the best stages first, up to each pair's count, P in all
@@ -322,7 +332,7 @@ class ConfigBounds:
 
         if take(lambda choice: choice[1]) < self.profile.num_layers:
             return None
-        return fastest[0], self._slowest(fastest, take, rates={r for (r, _), _ in pool})
+        return fastest[0], self._slowest(fastest, take)
 
     def _slowest(
         self, fastest: tuple, take, by_work: float | None = None, rates: set | None = None
@@ -333,7 +343,14 @@ class ConfigBounds:
         total, largest, rho, largest_first, smallest_first, candidates = fastest
         heavy = len(largest_first) - 1
         if rates is not None and not rates <= set(rho.values()):
-            candidates = sorted({r * value for r in rates for value in smallest_first[1:]})
+            # ``smallest_first`` lives as long as its cached ``fastest``: its id keys the list
+            key = ("candidates", id(smallest_first), frozenset(rates))
+            found = self._rhos.get(key)
+            if found is None:
+                found = self._rhos[key] = sorted(
+                    {r * value for r in rates for value in smallest_first[1:]}
+                )
+            candidates = found
 
         def work_held(t: float) -> float:
             return take(lambda choice: min(t / choice[0], largest_first[min(choice[1], heavy)]))

@@ -412,6 +412,9 @@ class Evaluator:
             )
         ]
         tied = self._tied_bound(shape, times, latency, bandwidth)
+        # with at least as many microbatches as stages (the usual case) the first backwards do
+        # not depend on how many
+        many = _first_backward_ends(times, stages, start, comm, hold)
         out = []
         for dp in degrees:
             m = self.microbatches(shape, dp)
@@ -424,7 +427,7 @@ class Evaluator:
             ]
             worst = previous = 0.0
             crossing_sync = [[] for _ in crossing]  # case (b): per stage, were it to cross
-            first_back = _first_backward_ends(times, m, start, comm, hold)
+            first_back = many if m >= stages else _first_backward_ends(times, m, start, comm, hold)
             for s in range(stages - 1, -1, -1):
                 f, b, update = times[s]
                 end = max(start[s] + m * (f + b), start[s] + m * f + downstream[s] + b)
