@@ -22,6 +22,7 @@ ratios between GPU types, would otherwise set ``rho`` for the transformer blocks
 from __future__ import annotations
 
 import bisect
+import math
 import statistics
 
 from orchestrator.errors import UserError
@@ -127,14 +128,7 @@ class ConfigBounds:
             ratio = [float("inf")] * len(u)
             for i in heavy:
                 ratio[i] = work[i] / u[i]
-            table = []
-            for first in range(len(u)):
-                row, least = [float("inf")] * len(u), float("inf")
-                for last in range(first, len(u)):
-                    least = min(least, ratio[last])
-                    row[last] = least
-                table.append(row)
-            self._rhos[key] = table
+            table = self._rhos[key] = _range_mins(ratio)
         found = table[low][min(high, len(table) - 1)]
         return found if found < float("inf") else self.fastest(mbs, pairs)[2][pair]
 
@@ -280,16 +274,7 @@ class ConfigBounds:
         key = (mbs, pair)
         if key not in self._mins:
             work = self.layer_work(mbs, *pair)
-            table = None
-            if work is not None:
-                table = []
-                for low in range(len(work)):
-                    row, least = [float("inf")] * len(work), float("inf")
-                    for high in range(low, len(work)):
-                        least = min(least, work[high])
-                        row[high] = least
-                    table.append(row)
-            self._mins[key] = table
+            self._mins[key] = None if work is None else _range_mins(work)
         return self._mins[key]
 
     def family_slowest(
@@ -419,6 +404,18 @@ class ConfigBounds:
         ]
 
 
+def _range_mins(values: list[float]) -> list[list[float]]:
+    """``mins[i][j]``: the least of ``values[i..j]`` (inf where ``j < i``)."""
+    table = []
+    for low in range(len(values)):
+        row, least = [float("inf")] * len(values), float("inf")
+        for high in range(low, len(values)):
+            least = min(least, values[high])
+            row[high] = least
+        table.append(row)
+    return table
+
+
 def _least_time(pieces: list[tuple[float, float, float, int]], total: float) -> float:
     """The least T with ``sum count * min(T / rho, C) >= total``; ``pieces`` hold
     (C * rho, rho, C, count). The sum grows piecewise linearly: walk its breakpoints."""
@@ -438,3 +435,25 @@ def _prefix(values: list[float]) -> list[float]:
         total += v
         out.append(total)
     return out
+
+
+def held_share(microbatches: int, stages: int) -> float:
+    """``1 - (1 - 1/m)^P``: the share of the work that P stages can hold (search.py's ``seconds``),
+    computed so that it stays above 0 however many microbatches there are."""
+    if microbatches <= 1:
+        return 1.0
+    return -math.expm1(stages * math.log1p(-1 / microbatches))
+
+
+def held_work(microbatches: int, rhos: tuple[float, ...]) -> float:
+    """The most work (in the fastest pair's seconds) stages whose times are at least ``rhos``
+    times that can hold in one second of pipeline, when stage ``s`` must finish the work of the
+    stages ahead of it (one microbatch each) and ``m`` microbatches of its own:
+    ``sum_{r<s} rho_r x_r + m rho_s x_s <= 1``. Solved from the last stage back: ``v_s`` is what
+    stages ``s..`` hold per second left; stage ``s`` takes all it can when that beats leaving the
+    time to the stages after it. With every ``rho`` 1 this is ``1 - (1 - 1/m)^P``."""
+    m = microbatches
+    value = 0.0
+    for rho in reversed(rhos):
+        value = max(value, 1 / (m * rho) + value * (1 - 1 / m))
+    return value

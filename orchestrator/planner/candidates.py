@@ -10,7 +10,6 @@ and it can cost no less than its GPUs at the cheapest allowed price for that lon
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import itertools
 import math
@@ -20,14 +19,28 @@ from dataclasses import dataclass
 
 from orchestrator.errors import UserError
 from orchestrator.plan import Plan, Replica
+from orchestrator.planner.links import (
+    LinkBounds,
+    across_comm,
+    crossing_candidates,
+    hierarchical_lower_bound,
+)
 from orchestrator.planner.objective import Objective, RiskModel, Score, score
+from orchestrator.planner.pipeline_bounds import (
+    first_backward_ends,
+    first_stage_busy,
+    pipeline_bound,
+    stage_ends,
+    starts_and_trips,
+)
 from orchestrator.planner.placement import Columns
 from orchestrator.planner.space import SearchSpace
 from orchestrator.planner.splits import Split
 from orchestrator.profiles.profile import ModelProfile
 from orchestrator.simulator import Estimate, NetworkView, PriceView, SimulatorSettings, simulate
 from orchestrator.simulator.collectives import compressed_bytes
-from orchestrator.simulator.core import latency_aware_plan_warmup, stage_sync_s
+from orchestrator.simulator.core import latency_aware_plan_warmup
+from orchestrator.simulator.sync import stage_sync_s
 
 
 @dataclass(frozen=True)
@@ -55,269 +68,6 @@ class Evaluated:
     score: Score
 
 
-@dataclass(frozen=True)
-class LinkBounds:
-    """The best links of a market, for bounds: (one-way latency s, bandwidth bytes/s)."""
-
-    best: tuple[float, float]  # any two places, a place with itself included
-    across_places: tuple[float, float]  # two different places
-    across_regions: tuple[float, float]  # two different regions
-    regions: int
-    most_in_one_place: dict[str, int]  # GPU type -> the most GPUs one place can give
-    most_in_one_region: dict[str, int]  # GPU type -> the most GPUs one region's places can give
-    # GPU type -> the best links between two of its nodes: (any two places, two different places)
-    # (a stage's replicas share one GPU type in the searched space, and all-reduce between their
-    # nodes: a V100 stage never gets the links of two GH200 nodes)
-    by_gpu: dict[str, tuple[tuple[float, float], tuple[float, float]]] = dataclasses.field(
-        default_factory=dict
-    )
-    # GPU type -> the GPUs each place (each region) can give, largest first
-    place_capacities: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
-    region_capacities: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
-
-    def for_gpus(self, gpus) -> tuple[tuple[float, float], tuple[float, float]]:
-        """(best, across places) links between two nodes of one of ``gpus``."""
-        found = [self.by_gpu[g] for g in gpus if g in self.by_gpu]
-        if not found:
-            return self.best, self.across_places
-        return _top([b for b, _ in found]), _top([a for _, a in found])
-
-    @classmethod
-    def of(cls, space: SearchSpace, network: NetworkView) -> LinkBounds:
-        places = sorted({r.infra for r in space.resources})
-        gpus_at: dict[str, set[str]] = {}
-        for r in space.resources:
-            gpus_at.setdefault(r.infra, set()).add(r.gpu)
-        best, places_, regions_ = [], [], []
-        same: dict[str, tuple[list, list]] = {}  # GPU type -> its links: any, across places
-        for a in places:
-            for b in places:
-                # between nodes of some pair of the GPU types there (a VM's type caps its network)
-                links = {
-                    (x, y): network.link(a, b, space.streams, (x, y))
-                    for x in sorted(gpus_at[a])
-                    for y in sorted(gpus_at[b])
-                }
-                link = _top(list(links.values()))
-                best.append(link)
-                if a != b:
-                    places_.append(link)
-                if network.region_of(a) != network.region_of(b):
-                    regions_.append(link)
-                for gpu in gpus_at[a] & gpus_at[b]:
-                    own = same.setdefault(gpu, ([], []))
-                    own[0].append(links[gpu, gpu])
-                    if a != b:
-                        own[1].append(links[gpu, gpu])
-        most: dict[str, int] = {}
-        by_place: dict[tuple[str, str], int] = {}
-        by_region: dict[tuple[str, str], int] = {}
-        for r in space.resources:
-            most[r.gpu] = max(most.get(r.gpu, 0), r.capacity)
-            by_place[(r.gpu, r.infra)] = max(by_place.get((r.gpu, r.infra), 0), r.capacity)
-            key = (r.gpu, network.region_of(r.infra))
-            by_region[key] = by_region.get(key, 0) + r.capacity
-        most_region: dict[str, int] = {}
-        for (gpu, _), count in by_region.items():
-            most_region[gpu] = max(most_region.get(gpu, 0), count)
-
-        def capacities(counts: dict[tuple[str, str], int]) -> dict[str, tuple[int, ...]]:
-            out: dict[str, list[int]] = {}
-            for (gpu, _), count in counts.items():
-                out.setdefault(gpu, []).append(count)
-            return {g: tuple(sorted(c, reverse=True)) for g, c in out.items()}
-
-        return cls(
-            best=_top(best),
-            across_places=_top(places_),
-            across_regions=_top(regions_),
-            regions=len({network.region_of(p) for p in places}),
-            most_in_one_place=most,
-            most_in_one_region=most_region,
-            by_gpu={g: (_top(any_), _top(apart)) for g, (any_, apart) in same.items()},
-            place_capacities=capacities(by_place),
-            region_capacities=capacities(by_region),
-        )
-
-
-PACKING_STEPS = 20_000  # a packing search that takes longer says "may fit" (the weaker bound)
-
-
-@functools.lru_cache(maxsize=4096)
-def groups_fit_apart(sizes: tuple[int, ...], capacities: tuple[int, ...]) -> bool:
-    """Whether groups of ``sizes`` GPUs (largest first) can each go whole into one of the bins
-    of ``capacities``: when not, some group must span two bins. Exact depth-first search over the
-    groups, bins of equal room tried once; past ``PACKING_STEPS`` it answers True, which only
-    keeps a bound weaker."""
-    if sum(sizes) > sum(capacities):
-        return False
-    if len(set(sizes)) == 1:  # equal groups: each bin takes as many whole ones as it holds
-        return sum(c // sizes[0] for c in capacities) >= len(sizes)
-    steps, failed = 0, set()
-    rest = [sum(sizes[i:]) for i in range(len(sizes) + 1)]
-
-    def place(i: int, rooms: tuple[int, ...]) -> bool:
-        nonlocal steps
-        steps += 1
-        if i == len(sizes) or steps > PACKING_STEPS:
-            return True
-        smallest = sizes[-1]  # largest first: the rest are no larger than this one
-        if sum(r for r in rooms if r >= smallest) < rest[i] or (i, rooms) in failed:
-            return False
-        tried = set()
-        for k, room in enumerate(rooms):
-            if room >= sizes[i] and room not in tried:
-                tried.add(room)
-                left = rooms[:k] + (room - sizes[i],) + rooms[k + 1 :]
-                if place(i + 1, tuple(sorted(left, reverse=True))):
-                    return True
-        failed.add((i, rooms))
-        return False
-
-    return place(0, capacities)
-
-
-def _top(links: list) -> tuple[float, float]:
-    """The least latency and the most bandwidth of ``links`` (each may come from another)."""
-    if not links:
-        return (float("inf"), 1e-9)  # no such pair: nothing can use it
-    return (min(lat for lat, _ in links), max(bw for _, bw in links))
-
-
-def _first_backward_ends(
-    times: list[tuple[float, float, float]],
-    m: int,
-    start: list[float],
-    back: list[float],
-    forward_hold: list[float],
-) -> list[float]:
-    """Per stage, the least time its first backward ends under any warm-up at least 1F1B's
-    standard one (the simulator's and the runtime's): stage ``s`` of ``P`` runs ``min(m, P - s)``
-    forwards before its first backward, and its ``j``-th forward ends no sooner than ``j - 1``
-    of the slowest forward or forward channel above it after its first; the first backward then
-    waits for the one below it to come back."""
-    stages = len(times)
-    pace, ends = 0.0, [0.0] * stages
-    paces = []
-    for s in range(stages):
-        pace = max(pace, times[s][0], forward_hold[s - 1] if s else 0.0)
-        paces.append(pace)
-    below = 0.0
-    for s in range(stages - 1, -1, -1):
-        f, b, _ = times[s]
-        warm = start[s] + f + (min(m, stages - s) - 1) * paces[s]
-        ready = below + back[s] if s < stages - 1 else 0.0
-        ends[s] = below = max(warm, ready) + b
-    return ends
-
-
-def _pipeline_bound(
-    times: list[tuple[float, float, float]],
-    m: int,
-    ahead: list[float],
-    back: list[float],
-    occupy: tuple[list[float], list[float]],
-    exposed: list[float],
-    tied: float | None,
-    stages: int,
-    in_flight: float,
-) -> float:
-    """The least iteration of one pipeline of ``m`` microbatches whose links take ``ahead`` and
-    ``back`` seconds per activation and gradient (latency included) and hold their channel each way
-    for ``occupy`` seconds per transfer, each stage then exposing ``exposed`` seconds of all-reduce
-    (``Evaluator.time_lower_bounds`` says why each term holds). A link's channel carries one
-    transfer at a time each way (simulator/pipeline.py): the last of ``m`` activations leaves stage
-    ``s`` no sooner than ``m - 1`` occupancies after the first, and the last gradient reaches it no
-    sooner than ``m - 1`` after the first gradient."""
-    start, downstream = [0.0] * stages, [0.0] * stages
-    for s in range(1, stages):
-        start[s] = start[s - 1] + times[s - 1][0] + ahead[s - 1]
-    for s in range(stages - 2, -1, -1):
-        f, b, _ = times[s + 1]
-        downstream[s] = downstream[s + 1] + f + b + ahead[s] + back[s]
-    forward_hold, backward_hold = occupy
-    first_back = _first_backward_ends(times, m, start, back, forward_hold)
-    worst = previous = 0.0
-    for s in range(stages - 1, -1, -1):
-        f, b, update = times[s]
-        end = max(start[s] + m * (f + b), start[s] + m * f + downstream[s] + b)
-        end = max(end, first_back[s] + (m - 1) * b)  # the other backwards come after the first
-        if s < stages - 1:
-            end = max(end, previous + back[s] + b)
-            # the activations' channel to s + 1, then the gradients' channel back
-            end = max(end, start[s] + f + (m - 1) * forward_hold[s] + downstream[s] + b)
-            below = times[s + 1]
-            first_gradient = start[s + 1] + below[0] + downstream[s + 1] + below[1]
-            end = max(end, first_gradient + (m - 1) * backward_hold[s] + back[s] + b)
-        worst = max(worst, end + exposed[s] + update)
-        if tied is not None and s == stages - 1:
-            worst = max(worst, end + exposed[s] + tied)
-        previous = end
-    f, b, update = times[0]
-    most = max(stages, in_flight)
-    trip = downstream[0]
-    if m > most:
-        early = math.floor(most) - 1
-        fill = max(0.0, trip - early * f) + max(0.0, trip - early * b)
-    else:
-        fill = max(0.0, trip - (m - 1) * f, trip - (m - 1) * b)
-    return max(worst, m * (f + b) + fill + exposed[0] + update)
-
-
-def _stage_groups_fit(
-    shape: Shape, dp: int, bins: dict[str, tuple[int, ...]], without: int = -1
-) -> bool:
-    """Whether every stage's ``dp`` replicas (``dp * tp`` GPUs) but stage ``without``'s can keep
-    to one bin each (place or region), the stages of each GPU type sharing that type's bins."""
-    sizes: dict[str, list[int]] = {}
-    for s, (gpu, tp) in enumerate(zip(shape.gpus, shape.tps, strict=True)):
-        if s != without:
-            sizes.setdefault(gpu, []).append(dp * tp)
-    return all(
-        groups_fit_apart(tuple(sorted(group, reverse=True)), bins.get(gpu, ()))
-        for gpu, group in sizes.items()
-    )
-
-
-def _crossing_candidates(
-    shape: Shape, dp: int, bins: dict[str, tuple[int, ...]]
-) -> tuple[int, ...] | None:
-    """None when every stage's group may keep to one bin; else the stages whose group may be the
-    only one to span bins (every other one keeping to one). A spanning group can take whatever
-    room the others leave, so that holds when the others fit apart."""
-    if _stage_groups_fit(shape, dp, bins):
-        return None
-    return tuple(s for s in range(shape.stages) if _stage_groups_fit(shape, dp, bins, s))
-
-
-def _across_comm(sent: list[float], comm: list[float], link: tuple[float, float]) -> float | None:
-    """The least one hop of a pipeline adds when it goes over ``link`` (the best between two
-    places, or two regions) rather than the market's best (``comm``, for activations of ``sent``
-    bytes); None: the market has no such link."""
-    latency, bandwidth = link
-    if bandwidth <= 1e-9:
-        return None
-    extra = [latency + size / bandwidth - best for size, best in zip(sent, comm, strict=True)]
-    return max(0.0, min(extra)) if extra else float("inf")
-
-
-def _hierarchical_lower_bound(links: LinkBounds, dp: int, message: float, least: float) -> float:
-    """A hierarchical all-reduce over ``r >= 2`` regions: its largest region group has at least
-    ``ceil(dp / r)`` members, reduced and broadcast over at best the best link, and its leaders' ring
-    crosses regions with at best the smallest compressed message."""
-    best_lat, best_bw = links.best
-    top_lat, top_bw = links.across_regions
-    fastest = float("inf")
-    for r in range(2, min(dp, links.regions) + 1):
-        group = -(-dp // r)
-        local = 0.0
-        if group > 1:
-            local = 2 * (2 * (group - 1) / group * message / best_bw + group * best_lat)
-        top = 2 * (r - 1) * (top_lat + least / r / top_bw)
-        fastest = min(fastest, local + top)
-    return fastest
-
-
 class Evaluator:
     """Everything the search needs to turn (shape, D, placement) into a scored estimate."""
 
@@ -341,6 +91,7 @@ class Evaluator:
         self._replicas: dict[tuple, Replica] = {}
         self._syncs: dict[tuple, float] = {}  # (message, dp, gpu, tp) -> least all-reduce seconds
         self._crossings: dict[tuple, tuple[int, ...] | None] = {}
+        self._bytes_of: tuple | None = None
         self._links: LinkBounds | None = None
 
     def microbatches(self, shape: Shape, dp: int) -> int:
@@ -378,25 +129,12 @@ class Evaluator:
         less one, and while the last does, that many backwards less one: the pipeline's fill
         and drain, which a first stage that could keep every microbatch in flight would hide."""
         latency, bandwidth = self.links().best
-        stages, profile = shape.stages, self.profile
-        scale = shape.mbs * profile.element_bytes
-        sent = [  # bytes of one activation from each stage to the next
-            profile.stage_facts(shape.tps[s], shape.split[s], shape.split[s + 1])[3] * scale
-            for s in range(stages - 1)
-        ]
+        stages = shape.stages
+        sent, messages = self._stage_bytes(shape)
         hold = [size / bandwidth for size in sent]  # a channel's occupancy per transfer
         comm = [latency + t for t in hold]
-        start, downstream = [0.0] * stages, [0.0] * stages  # downstream: a round trip below s
-        for s in range(1, stages):
-            start[s] = start[s - 1] + times[s - 1][0] + comm[s - 1]
-        for s in range(stages - 2, -1, -1):
-            f, b, _ = times[s + 1]
-            downstream[s] = downstream[s + 1] + f + b + 2 * comm[s]
-        messages = [
-            profile.stage_gradient_elements(shape.split[s], shape.split[s + 1], shape.tps[s])
-            * profile.element_bytes
-            for s in range(stages)
-        ]
+        # start: when the first forward reaches a stage; downstream: the round trip below it
+        start, downstream = starts_and_trips(times, comm, comm)
         # When the D pipelines cannot all fit in one place (one region), some pipeline crosses
         # places (regions) or some stage's replicas do: were every pipeline and every stage's
         # replicas in one place, all would be in the same place. The least a crossing hop adds to
@@ -405,7 +143,7 @@ class Evaluator:
         need = shape.gpus_per_pipeline()
         links = self.links()
         levels = [
-            (most, link, _across_comm(sent, comm, link), bins)
+            (most, link, across_comm(sent, comm, link), bins)
             for most, link, bins in (
                 (links.most_in_one_place, links.across_places, links.place_capacities),
                 (links.most_in_one_region, links.across_regions, links.region_capacities),
@@ -414,7 +152,7 @@ class Evaluator:
         tied = self._tied_bound(shape, times, latency, bandwidth)
         # with at least as many microbatches as stages (the usual case) the first backwards do
         # not depend on how many
-        many = _first_backward_ends(times, stages, start, comm, hold)
+        many = first_backward_ends(times, stages, start, comm, hold)
         out = []
         for dp in degrees:
             m = self.microbatches(shape, dp)
@@ -425,15 +163,12 @@ class Evaluator:
                 for level, (most, link, extra, bins) in enumerate(levels)
                 if extra is not None and any(dp * n > most.get(g, 0) for g, n in need.items())
             ]
-            worst = previous = 0.0
+            worst = 0.0
             crossing_sync = [[] for _ in crossing]  # case (b): per stage, were it to cross
-            first_back = many if m >= stages else _first_backward_ends(times, m, start, comm, hold)
+            first_back = many if m >= stages else first_backward_ends(times, m, start, comm, hold)
+            ends = stage_ends(times, m, start, downstream, comm, first_back)
             for s in range(stages - 1, -1, -1):
-                f, b, update = times[s]
-                end = max(start[s] + m * (f + b), start[s] + m * f + downstream[s] + b)
-                end = max(end, first_back[s] + (m - 1) * b)
-                if s < stages - 1:
-                    end = max(end, previous + comm[s] + b)
+                end, (_, b, update) = ends[s], times[s]
                 exposed = self.exposed_sync(messages[s], dp, shape.gpus[s], shape.tps[s], b)
                 worst = max(worst, end + exposed + update)
                 if tied is not None and s == stages - 1:
@@ -443,19 +178,10 @@ class Evaluator:
                     for k, (link, _, _) in enumerate(crossing):
                         cross = self._exposed_across(messages[s], dp, b, link)
                         crossing_sync[k].append(end + max(exposed, cross) + update)
-                previous = end
             f, b, update = times[0]
             exposed = self.exposed_sync(messages[0], dp, shape.gpus[0], shape.tps[0], b)
-            most = max(stages, in_flight)  # a latency-aware warm-up only where memory allows
-            trip = downstream[0]
-            # with more microbatches than in flight, the first backward comes before the last
-            # forward: the two windows are apart
-            if m > most:
-                ahead = math.floor(most) - 1
-                fill = max(0.0, trip - ahead * f) + max(0.0, trip - ahead * b)
-            else:  # at most the other m - 1 forwards, or backwards, fill either window
-                fill = max(0.0, trip - (m - 1) * f, trip - (m - 1) * b)
-            worst = max(worst, m * (f + b) + fill + exposed + update)
+            busy = first_stage_busy(times, m, downstream[0], in_flight)
+            worst = max(worst, busy + exposed + update)
             for k, (_, extra, alone) in enumerate(crossing):
                 round_trip = m * f + downstream[0] + 2 * extra + b + exposed + update
                 syncs = crossing_sync[k][::-1]  # stage order
@@ -487,21 +213,13 @@ class Evaluator:
         the pipelines are paced by their slowest stage: the search simulates a placement only
         when this bound can still enter the best plans."""
         profile, network, settings = self.profile, self.network, self.settings
-        stages, element = shape.stages, profile.element_bytes
-        scale = shape.mbs * element
-        sent = [
-            profile.stage_facts(shape.tps[s], shape.split[s], shape.split[s + 1])[3] * scale
-            for s in range(stages - 1)
-        ]
+        stages = shape.stages
+        sent, messages = self._stage_bytes(shape)
         exposed = []
         for s in range(stages):
             sync = stage_sync_s(profile, plan, s, network=network, settings=settings)
-            message = (
-                profile.stage_gradient_elements(shape.split[s], shape.split[s + 1], shape.tps[s])
-                * element
-            )
-            exposed.append(self._exposed(sync, message, times[s][1]) if sync > 0 else 0.0)
-        tied_bytes = profile.tied_elements * element if stages > 1 else 0.0
+            exposed.append(self._exposed(sync, messages[s], times[s][1]) if sync > 0 else 0.0)
+        tied_bytes = profile.tied_elements * profile.element_bytes if stages > 1 else 0.0
         micro = plan.microbatches()
         worst = 0.0
         for i, _ in plan.pipeline_groups:
@@ -523,22 +241,35 @@ class Evaluator:
                     head.infra, tail.infra, plan.streams, head.gpu, tail.gpu
                 )
                 tied = lat + tied_bytes * to_first + times[0][2]
-            worst = max(
-                worst,
-                _pipeline_bound(
-                    times, micro[i], ahead, back, hold, exposed, tied, stages, in_flight
-                ),
-            )
+            bound = pipeline_bound(times, micro[i], ahead, back, hold, exposed, tied, in_flight)
+            worst = max(worst, bound)
         return worst
+
+    def _stage_bytes(self, shape: Shape) -> tuple[list[float], list[float]]:
+        """Bytes of one activation from each stage to the next, and of each stage's gradient
+        (a shape's placements are bounded one after the other: kept for the last shape)."""
+        if self._bytes_of is None or self._bytes_of[0] != shape:
+            profile, split, tps = self.profile, shape.split, shape.tps
+            element = profile.element_bytes
+            sent = [
+                profile.stage_facts(tps[s], split[s], split[s + 1])[3] * shape.mbs * element
+                for s in range(shape.stages - 1)
+            ]
+            messages = [
+                profile.stage_gradient_elements(split[s], split[s + 1], tps[s]) * element
+                for s in range(shape.stages)
+            ]
+            self._bytes_of = (shape, sent, messages)
+        return self._bytes_of[1], self._bytes_of[2]
 
     def _crossing_candidates(
         self, shape: Shape, dp: int, bins: dict[str, tuple[int, ...]], level: int
     ) -> tuple[int, ...] | None:
-        """``_crossing_candidates``, cached: splits and shapes of one config ask it again."""
+        """``links.crossing_candidates``, cached: splits and shapes of one config ask it again."""
         key = (shape.gpus, shape.tps, dp, level)
         found = self._crossings.get(key, False)
         if found is False:
-            found = self._crossings[key] = _crossing_candidates(shape, dp, bins)
+            found = self._crossings[key] = crossing_candidates(shape.gpus, shape.tps, dp, bins)
         return found
 
     def _tied_bound(self, shape: Shape, times, latency: float, bandwidth: float):
@@ -572,7 +303,7 @@ class Evaluator:
                 links = self.links()
                 if link == links.across_regions and links.regions > 1:
                     # across regions: also its in-region phases, over the largest region's part
-                    options.append(_hierarchical_lower_bound(links, dp, message, least))
+                    options.append(hierarchical_lower_bound(links, dp, message, least))
                 else:
                     options.append(2 * latency + least / bandwidth)
             sync = self._syncs[key] = min(options) if options else 0.0
@@ -615,7 +346,7 @@ class Evaluator:
         if "hierarchical" in self.space.allreduce and links.regions > 1:
             element = self.profile.element_bytes
             least = min(compressed_bytes(message, element, c) for c in self.space.compression)
-            sync = min(sync, _hierarchical_lower_bound(links, dp, message, least))
+            sync = min(sync, hierarchical_lower_bound(links, dp, message, least))
         return sync
 
     def links(self) -> LinkBounds:

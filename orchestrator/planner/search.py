@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from orchestrator.planner.bounds import ConfigBounds
+from orchestrator.planner.bounds import ConfigBounds, held_share, held_work
 from orchestrator.planner.candidates import (
     Blocks,
     Evaluated,
@@ -285,12 +285,12 @@ class _Search:
         def seconds(dp: int) -> float:
             # Stage s cannot finish before the work of the stages ahead of it plus m microbatches of
             # its own; the most work P stages can hold under that limit is T * (1 - (1 - 1/m)^P),
-            # less where slower stages hold it (``_held_work``).
+            # less where slower stages hold it (``bounds.held_work``).
             # All GPUs there are together can do no more than their speeds allow.
             # All of that ends with the first stage's last backward (every other stage's last
             # backward comes before it); the first stage's all-reduce and step come after.
             m = -(-batch // (mbs * dp))  # the fullest pipeline's microbatches
-            held = _held_share(m, stages) if rhos is None else _held_work(m, rhos)
+            held = held_share(m, stages) if rhos is None else held_work(m, rhos)
             pipeline = max(
                 total / held,
                 m * slowest,
@@ -489,13 +489,9 @@ class _Search:
         if self.kth_value == float("-inf"):
             return False
         seconds = self.e.plan_time_bound(shape, times, plan, in_flight=in_flight)
-        batch = self.space.global_batch_size
-        if self.objective.goal == "max_throughput":
-            value = batch / seconds
-        else:
-            hourly = self.e.prices.hourly_usd(plan.stage_kinds)
-            value = -(hourly * seconds / 3600 / batch * 1e6)
-        return value <= self.kth_value
+        throughput = self.objective.goal == "max_throughput"  # its value needs no price
+        hourly = 0.0 if throughput else self.e.prices.hourly_usd(plan.stage_kinds)
+        return self._value(1, seconds, hourly) <= self.kth_value  # the plan's whole $/h
 
     def _skipped(self, what: str) -> None:
         """A heuristic left some of the current item's choices untried; its bound covers them."""
@@ -601,28 +597,6 @@ class _Search:
             r.gap = (self._loose - best) / abs(best)
         else:
             r.gap = 0.0
-
-
-def _held_share(microbatches: int, stages: int) -> float:
-    """``1 - (1 - 1/m)^P``: the share of the work that P stages can hold (see ``seconds``),
-    computed so that it stays above 0 however many microbatches there are."""
-    if microbatches <= 1:
-        return 1.0
-    return -math.expm1(stages * math.log1p(-1 / microbatches))
-
-
-def _held_work(microbatches: int, rhos: tuple[float, ...]) -> float:
-    """The most work (in the fastest pair's seconds) stages whose times are at least ``rhos``
-    times that can hold in one second of pipeline, when stage ``s`` must finish the work of the
-    stages ahead of it (one microbatch each) and ``m`` microbatches of its own:
-    ``sum_{r<s} rho_r x_r + m rho_s x_s <= 1``. Solved from the last stage back: ``v_s`` is what
-    stages ``s..`` hold per second left; stage ``s`` takes all it can when that beats leaving the
-    time to the stages after it. With every ``rho`` 1 this is ``1 - (1 - 1/m)^P``."""
-    m = microbatches
-    value = 0.0
-    for rho in reversed(rhos):
-        value = max(value, 1 / (m * rho) + value * (1 - 1 / m))
-    return value
 
 
 def search(

@@ -26,12 +26,6 @@ from functools import partial
 
 from orchestrator.plan import Plan
 from orchestrator.profiles.profile import ModelProfile
-from orchestrator.simulator.collectives import (
-    butterfly_allreduce,
-    compressed_bytes,
-    hierarchical_allreduce,
-    ring_allreduce,
-)
 from orchestrator.simulator.environment import NetworkView, PriceView
 from orchestrator.simulator.estimate import (
     Breakdown,
@@ -45,6 +39,7 @@ from orchestrator.simulator.gather import gatherer
 from orchestrator.simulator.memory import memory_shape, memory_terms, stage_regions
 from orchestrator.simulator.pipeline import joint_latency_aware_warmup, runner
 from orchestrator.simulator.settings import SimulatorSettings
+from orchestrator.simulator.sync import sync_coefficients, sync_common, sync_seconds
 
 SOURCE_RANK = {"measured": 0, "imported": 1, "estimated": 2}
 
@@ -72,7 +67,7 @@ def _stage_entries(
 ) -> tuple[list[list[tuple]], list[tuple], tuple[float, bool, frozenset]]:
     """Per stage, per kind of replica (``Plan.stage_kinds``): its entry (see ``_new_entry``); per
     stage, its slowest forward, backward and update seconds, its gradient's bytes and the
-    coefficients of its all-reduce (``_sync_coefficients``; None without one); and the memory peak
+    coefficients of its all-reduce (``sync.sync_coefficients``; None without one); and the memory peak
     of any GPU, whether any runs out, and the GPUs used."""
     mbs, element = plan.microbatch_size, profile.element_bytes
     synced = plan.dp_degree > 1
@@ -81,7 +76,7 @@ def _stage_entries(
     table = _profile_cache(profile, "entries", settings)  # memory depends on the settings
     # an all-reduce depends on these and on its group's kinds of replica and their counts, keyed
     # by their fields (``Replica._key``: plain tuples, hashed without calling Python code)
-    common = _sync_common(plan, element, settings)
+    common = sync_common(plan, element, settings)
     sync_cache = network.sync_cache
     most, warmup = max(plan.microbatches()), plan.warmup
     compute, stages, peak, oom, gpus = [], [], 0.0, False, set()
@@ -116,54 +111,11 @@ def _stage_entries(
             group = tuple(group)
             coefficients = sync_cache.get(group)
             if coefficients is None:
-                coefficients = sync_cache[group] = _sync_coefficients(
+                coefficients = sync_cache[group] = sync_coefficients(
                     plan, s, element, network, settings
                 )
         stages.append((forward, backward, update, entries[0][4], coefficients))
     return compute, stages, (peak, oom, frozenset(gpus))
-
-
-def _sync_common(plan: Plan, element: int, settings: SimulatorSettings) -> tuple:
-    """What an all-reduce's cost depends on besides its group (the key of ``sync_cache``)."""
-    return (
-        plan.allreduce,
-        plan.compression,
-        element,
-        plan.streams,
-        settings.averaging,
-        settings.public_peers,
-    )
-
-
-def stage_sync_s(
-    profile: ModelProfile,
-    plan: Plan,
-    s: int,
-    *,
-    network: NetworkView,
-    settings: SimulatorSettings,
-) -> float:
-    """Seconds of stage ``s``'s gradient all-reduce, as ``simulate`` computes it (0 without
-    replicas; before its round's fixed cost and before overlap): the planner bounds a placement
-    with it before simulating the placement."""
-    if plan.dp_degree < 2:
-        return 0.0
-    element = profile.element_bytes
-    group = [_sync_common(plan, element, settings)]
-    for replica, count in plan.stage_kinds[s]:
-        group.append(replica._key)
-        group.append(count)
-    group = tuple(group)
-    coefficients = network.sync_cache.get(group)
-    if coefficients is None:
-        coefficients = network.sync_cache[group] = _sync_coefficients(
-            plan, s, element, network, settings
-        )
-    start, end = plan.stages[s].layers
-    tp = plan.stages[s].replicas[0].tp
-    gradient = profile.stage_gradient_elements(start, end, tp) * element
-    fixed, slope, _ = coefficients
-    return fixed + slope * gradient if gradient > 0 else 0.0
 
 
 def _stage_rows(
@@ -183,7 +135,7 @@ def _stage_rows(
     most = max(plan.microbatches())
     rows, busy_s, talk_s, received = [], 0.0, 0.0, 0.0
     for s, (forward, backward, update, gradient, coefficients) in enumerate(stages):
-        sync = _sync(coefficients, gradient, egress)
+        sync = sync_seconds(coefficients, gradient, egress)
         # all-reduce time the last backward does not hide (buckets go while it runs; the last cannot)
         exposed = sync
         if sync > 0 and overlap:
@@ -359,63 +311,6 @@ def latency_aware_plan_warmup(
     warmup = joint_latency_aware_warmup(pipelines)
     most = max(plan.microbatches())  # no stage can run further ahead than there are microbatches
     return tuple(min(max(w, v), most) for w, v in zip(warmup, plan.warmup, strict=True))
-
-
-def _sync(coefficients: tuple | None, message: float, egress: dict) -> float:
-    """Seconds of a stage's all-reduce of ``message`` bytes; adds the bytes it sends across places
-    to ``egress``. For a fixed group, time is ``a + c * bytes`` and the bytes crossing each boundary
-    are proportional to the message: ``coefficients`` (a, c, per pair of places its share)."""
-    if coefficients is None or message <= 0:
-        return 0.0
-    fixed, slope, per_byte = coefficients
-    for pair, share in per_byte:
-        egress[pair] += share * message
-    return fixed + slope * message
-
-
-def _sync_coefficients(
-    plan: Plan, s: int, element: int, network: NetworkView, settings: SimulatorSettings
-) -> tuple:
-    places = tuple(r.infra for r in plan.stages[s].replicas)
-    gpus_at: dict[str, set[str]] = {}
-    for r in plan.stages[s].replicas:
-        gpus_at.setdefault(r.infra, set()).add(r.gpu)
-    butterfly = settings.averaging == "butterfly"
-    streams = 1 if butterfly else plan.streams  # the butterfly: one stream per pair of members
-    same_place = settings.public_peers
-
-    def link(src: str, dst: str) -> tuple[float, float]:
-        # between two places, the slowest pair of the nodes the group has there
-        links = [
-            network.link(src, dst, streams, (a, b))
-            for a in sorted(gpus_at[src])
-            for b in sorted(gpus_at[dst])
-        ]
-        return max(lat for lat, _ in links), min(bw for _, bw in links)
-
-    def cost(size: float):
-        if butterfly:  # Hivemind compresses every exchange (its grad_compression)
-            size = compressed_bytes(size, element, plan.compression)
-            return butterfly_allreduce(places, size, link, same_place=same_place)
-        if plan.allreduce == "flat":
-            return ring_allreduce(places, size, link, same_place=same_place)
-        return hierarchical_allreduce(
-            places,
-            size,
-            link,
-            region_of=network.region_of,
-            grad_element_bytes=element,
-            compression=plan.compression,
-            same_place=same_place,
-        )
-
-    unit, double = cost(1e9), cost(2e9)
-    slope = (double.time_s - unit.time_s) / 1e9
-    return (
-        unit.time_s - slope * 1e9,
-        slope,
-        tuple(((a, b), size / 1e9) for a, b, size in unit.crossing),
-    )
 
 
 def _tied_exchange(

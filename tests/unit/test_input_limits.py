@@ -15,7 +15,7 @@ from orchestrator.driver.events import read_events
 from orchestrator.driver.state import StateCorrupt, StateStore
 from orchestrator.errors import CatalogError, RecipeError
 from orchestrator.plan import PlanError, parse_plan
-from orchestrator.planner.search import _held_share
+from orchestrator.planner.bounds import held_share as _held_share
 from orchestrator.recipe import load_recipe, parse_recipe
 from orchestrator.recipe.limits import MAX_GLOBAL_BATCH_SIZE, MAX_SEED
 from orchestrator.yamlsrc import YamlSyntaxError, load_yaml_text

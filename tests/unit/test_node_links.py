@@ -143,7 +143,7 @@ def test_runtimes_are_data(catalog):
 
 
 def test_planner_link_bounds_take_the_fastest_node_pair(catalog, tmp_path):
-    from orchestrator.planner.candidates import LinkBounds
+    from orchestrator.planner.links import LinkBounds
     from orchestrator.planner.space import Resource
 
     network, _, _ = views_for(catalog, _offer_market(catalog, tmp_path, ["A100", "GH200"]))

@@ -78,7 +78,7 @@ def test_one_warmup_hides_the_loops_of_every_pipeline():
 
 
 def test_groups_fit_apart_packs_whole_groups():
-    from orchestrator.planner.candidates import groups_fit_apart
+    from orchestrator.planner.links import groups_fit_apart
 
     assert groups_fit_apart((344, 172), (512, 128)) is False  # 516 GPUs, but not split up
     assert groups_fit_apart((344, 86), (512, 128)) is True
@@ -91,12 +91,12 @@ def test_a_shape_whose_stage_groups_cannot_keep_to_a_region_pays_a_crossing_all_
     """Three stages at TP 1, 4, 2 on 86 pipelines: 602 A100s, more than us-central1's 512, and
     neither the TP-4 nor the TP-2 stage's group fits us-west1's 128: one of them spans the two
     regions, so one of their all-reduces crosses (not only a pipeline hop, which is cheaper)."""
-    from orchestrator.planner.candidates import _crossing_candidates
+    from orchestrator.planner.links import crossing_candidates
 
     bins = {"A100": (512, 128)}
-    shape = Shape(4, ("A100",) * 3, (1, 4, 2), (0, 5, 19, 26))
-    assert _crossing_candidates(shape, 86, bins) == (1, 2)
-    assert _crossing_candidates(shape, 40, bins) is None
+    gpus, tps = ("A100",) * 3, (1, 4, 2)
+    assert crossing_candidates(gpus, tps, 86, bins) == (1, 2)
+    assert crossing_candidates(gpus, tps, 40, bins) is None
 
 
 def test_a_stage_is_weighed_by_the_layers_it_may_hold():
